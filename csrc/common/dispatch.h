@@ -1,0 +1,55 @@
+#pragma once
+// dtype dispatch and accumulate types, in one place for every kernel family.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch_v2.h>
+
+// Every reduction accepts the floating types (fp32, fp64, fp16, bf16), the integers and bool.
+#define TORCH_REDUCE_DISPATCH(TYPE, NAME, ...) \
+  AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), AT_EXPAND(AT_ALL_TYPES), at::kHalf, at::kBFloat16, at::kBool)
+
+namespace torch_reduce {
+
+// What a reduction accumulates in, as torch.sum does: 16-bit floats in float32, integers and bool in int64.
+template <typename T>
+struct AccumulateType {
+  using type = int64_t;
+};
+template <>
+struct AccumulateType<float> {
+  using type = float;
+};
+template <>
+struct AccumulateType<double> {
+  using type = double;
+};
+template <>
+struct AccumulateType<c10::Half> {
+  using type = float;
+};
+template <>
+struct AccumulateType<c10::BFloat16> {
+  using type = float;
+};
+template <typename T>
+using acc_type = typename AccumulateType<T>::type;
+
+// torch.sum's result dtype: floating inputs keep theirs, integers and bool give int64.
+inline at::ScalarType sum_result_type(at::ScalarType t) { return at::isFloatingType(t) ? t : at::kLong; }
+
+inline at::ScalarType accumulate_scalar_type(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : (at::isFloatingType(t) ? at::kFloat : at::kLong);
+}
+
+// A clear error for complex, float8, unsigned 16/32/64-bit and every other dtype the dispatch above skips.
+inline void check_reducible_dtype(const at::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kBool:
+      return;
+    default:
+      TORCH_CHECK(false, op, ": unsupported dtype ", t.scalar_type(),
+                  "; expected float32, float64, float16, bfloat16, an integer type (int8..int64, uint8) or bool");
+  }
+}
+
+}  // namespace torch_reduce

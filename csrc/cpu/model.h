@@ -1,0 +1,122 @@
+#pragma once
+// CPU models of the GPU kernels: the same trees and the same order of operations, run one simulated
+// thread at a time, so that a float32 result is bit for bit what the GPU computes. Read next to
+// csrc/cuda/block_reduce.cuh and full_reduce.cuh.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "common/reduce_ops.h"
+
+namespace torch_reduce::cpu {
+
+constexpr int64_t kWarpSize = 32;
+
+// ------------------------------------------------------------------ seed trees, one block ----
+// One step of a tree updates disjoint slots, so visiting the threads in order gives the GPU's bits.
+
+template <typename T>
+void tree_interleaved(T* sdata, int64_t block) {  // REDUCE-0
+  for (int64_t s = 1; s < block; s *= 2)
+    for (int64_t tid = 0; tid < block; ++tid)
+      if (tid % (2 * s) == 0) sdata[tid] += sdata[tid + s];
+}
+
+template <typename T>
+void tree_strided(T* sdata, int64_t block) {  // REDUCE-1
+  for (int64_t s = 1; s < block; s *= 2)
+    for (int64_t tid = 0; tid < block; ++tid) {
+      const int64_t index = 2 * s * tid;
+      if (index + s < block) sdata[index] += sdata[index + s];
+    }
+}
+
+// REDUCE-2, and the order of REDUCE-4/5 too: a shuffle-down by s pairs lane i with lane i+s, exactly
+// like the step `if (tid < s) sdata[tid] += sdata[tid + s]`.
+template <typename T, typename Op = SumOp<T>>
+void tree_sequential(T* sdata, int64_t block, Op op = Op()) {
+  for (int64_t s = block / 2; s > 0; s >>= 1)
+    for (int64_t tid = 0; tid < s; ++tid) sdata[tid] = op(sdata[tid], sdata[tid + s]);
+}
+
+// block_reduce: each warp by shuffles, then warp 0 over the per-warp results (identity-padded to 32).
+template <typename T, typename Op>
+T block_reduce(std::vector<T>& values, Op op) {
+  const int64_t block = static_cast<int64_t>(values.size());
+  for (int64_t w = 0; w < block; w += kWarpSize) tree_sequential(values.data() + w, kWarpSize, op);
+  if (block == kWarpSize) return values[0];
+  std::vector<T> warp_results(kWarpSize, Op::identity());
+  for (int64_t w = 0; w < block / kWarpSize; ++w) warp_results[w] = values[w * kWarpSize];
+  tree_sequential(warp_results.data(), kWarpSize, op);
+  return warp_results[0];
+}
+
+}  // namespace torch_reduce::cpu
+
+namespace torch_reduce::cpu {
+
+// ------------------------------------------------ full_reduce.cuh's vector kernel, one thread at a time ----
+
+constexpr int64_t kUnroll = 4;
+
+template <typename acc_t, typename scalar_t, typename Op>
+acc_t fold_vector(const scalar_t* v, Op op) {
+  constexpr int64_t kSize = 16 / sizeof(scalar_t);
+  acc_t x[kSize];
+  for (int64_t k = 0; k < kSize; ++k) x[k] = static_cast<acc_t>(v[k]);
+  for (int64_t s = kSize / 2; s > 0; s /= 2)
+    for (int64_t k = 0; k < s; ++k) x[k] = op(x[k], x[k + s]);
+  return x[0];
+}
+
+template <typename acc_t, typename scalar_t, typename Op>
+acc_t thread_reduce(const scalar_t* in, int64_t n, int64_t thread, int64_t threads, Op op) {
+  constexpr int64_t kSize = 16 / sizeof(scalar_t);
+  const int64_t misaligned = static_cast<int64_t>((reinterpret_cast<uintptr_t>(in) % 16) / sizeof(scalar_t));
+  const int64_t head = misaligned == 0 ? 0 : std::min(kSize - misaligned, n);
+  const int64_t vectors = (n - head) / kSize, tail = n - head - vectors * kSize;
+  const scalar_t* body = in + head;
+  acc_t acc[kUnroll];
+  for (auto& a : acc) a = Op::identity();
+  int64_t i = thread;
+  for (; i + (kUnroll - 1) * threads < vectors; i += kUnroll * threads)
+    for (int64_t k = 0; k < kUnroll; ++k) acc[k] = op(acc[k], fold_vector<acc_t>(body + (i + k * threads) * kSize, op));
+  for (; i < vectors; i += threads) acc[0] = op(acc[0], fold_vector<acc_t>(body + i * kSize, op));
+  if (thread < head) acc[1] = op(acc[1], static_cast<acc_t>(in[thread]));
+  if (thread < tail) acc[2] = op(acc[2], static_cast<acc_t>(body[vectors * kSize + thread]));
+  return op(op(acc[0], acc[1]), op(acc[2], acc[3]));
+}
+
+// One launch of device_reduce_kernel: the per-block results.
+template <typename acc_t, typename scalar_t, typename Op>
+std::vector<acc_t> device_reduce_blocks(const scalar_t* in, int64_t n, int64_t block, int64_t grid, Op op) {
+  std::vector<acc_t> partials(grid), values(block);
+  for (int64_t b = 0; b < grid; ++b) {
+    for (int64_t tid = 0; tid < block; ++tid) values[tid] = thread_reduce<acc_t>(in, n, b * block + tid, grid * block, op);
+    partials[b] = block_reduce(values, op);
+  }
+  return partials;
+}
+
+// The grid device_reduce_grid picks on a GPU with kModelMultiprocessors SMs at full occupancy.
+inline int64_t device_reduce_grid(int64_t n, int64_t element_bytes, int64_t block, int64_t multiprocessors) {
+  const int64_t vectors = (n * element_bytes + 15) / 16;
+  const int64_t wanted = (vectors + block * kUnroll - 1) / (block * kUnroll);
+  return std::max<int64_t>(1, std::min(wanted, multiprocessors * (2048 / block)));
+}
+
+// The whole reduction: one block's result, or the partials folded by the last block (single_pass) or by a
+// second one-block launch over the partials.
+template <typename acc_t, typename scalar_t, typename Op>
+acc_t device_reduce(const scalar_t* in, int64_t n, int64_t block, int64_t multiprocessors, bool single_pass, Op op) {
+  const int64_t grid = device_reduce_grid(n, sizeof(scalar_t), block, multiprocessors);
+  std::vector<acc_t> partials = device_reduce_blocks<acc_t>(in, n, block, grid, op);
+  if (grid == 1) return partials[0];
+  if (!single_pass) return device_reduce_blocks<acc_t>(partials.data(), grid, block, 1, op)[0];
+  std::vector<acc_t> values(block, Op::identity());
+  for (int64_t tid = 0; tid < block; ++tid)
+    for (int64_t b = tid; b < grid; b += block) values[tid] = op(values[tid], partials[b]);
+  return block_reduce(values, op);
+}
+
+}  // namespace torch_reduce::cpu

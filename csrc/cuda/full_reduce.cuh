@@ -1,0 +1,199 @@
+#pragma once
+// Device-wide reduction of a whole tensor at the memory-bandwidth limit (the ladder's sum_vec and
+// sum_single_pass, and the full reductions behind torch_reduce.sum/mean/amax/amin):
+//   thread:  16-byte vector loads, kUnroll independent loads in flight, a grid-stride loop; the few
+//            elements before the first 16-byte boundary (x[1:]) and after the last whole vector are
+//            loaded one by one;
+//   block:   block_reduce (warp shuffles);
+//   device:  one partial per block, folded either by a second launch over the partials, or by the last
+//            block to finish (a ticket taken with atomicAdd after __threadfence): one launch, and no
+//            floating-point atomics, so the result does not depend on which block finishes last.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <mutex>
+#include <type_traits>
+#include <unordered_map>
+
+#include "common/reduce_ops.h"
+#include "cuda/block_reduce.cuh"
+
+namespace torch_reduce::cuda {
+
+constexpr int kUnroll = 4;  // 16-byte loads in flight per thread and iteration
+
+template <typename scalar_t>
+struct alignas(16) Vec16 {
+  static constexpr int kSize = 16 / sizeof(scalar_t);
+  scalar_t value[kSize];
+};
+
+// A 16-byte load whatever the element type (one LDG.128), then the elements.
+template <typename scalar_t>
+__device__ __forceinline__ Vec16<scalar_t> load_vector(const Vec16<scalar_t>* p) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  Vec16<scalar_t> v;
+  memcpy(&v, &raw, sizeof(v));
+  return v;
+}
+
+// One vector folded pairwise (the same tree as the blocks, so the rounding error grows with log2 of
+// its width, not its width).
+template <typename acc_t, typename scalar_t, typename Op>
+__device__ __forceinline__ acc_t fold_vector(const Vec16<scalar_t>& v, Op op) {
+  constexpr int kSize = Vec16<scalar_t>::kSize;
+  if constexpr (sizeof(scalar_t) == 1 && std::is_same_v<Op, SumOp<int64_t>>) {
+    // Byte sums (int8, uint8, bool): __dp4a adds four bytes into an int32 in one instruction.
+    const int* words = reinterpret_cast<const int*>(v.value);
+    if constexpr (std::is_same_v<scalar_t, int8_t>) {
+      int s = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s = __dp4a(words[k], 0x01010101, s);
+      return s;
+    } else {
+      unsigned s = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s = __dp4a(static_cast<unsigned>(words[k]), 0x01010101u, s);
+      return s;
+    }
+  } else {
+    acc_t x[kSize];
+#pragma unroll
+    for (int k = 0; k < kSize; ++k) x[k] = static_cast<acc_t>(v.value[k]);
+#pragma unroll
+    for (int s = kSize / 2; s > 0; s /= 2) {
+#pragma unroll
+      for (int k = 0; k < s; ++k) x[k] = op(x[k], x[k + s]);
+    }
+    return x[0];
+  }
+}
+
+// Where the 16-byte-aligned body of a contiguous range starts and ends.
+template <typename scalar_t>
+struct AlignedSplit {
+  int64_t head;     // scalars before the first 16-byte boundary
+  int64_t vectors;  // whole vectors after it
+  int64_t tail;     // scalars after the last whole vector
+  __host__ __device__ AlignedSplit(const scalar_t* in, int64_t n) {
+    constexpr int64_t kSize = Vec16<scalar_t>::kSize;
+    const int64_t misaligned = (reinterpret_cast<uintptr_t>(in) % 16) / sizeof(scalar_t);
+    head = misaligned == 0 ? 0 : (kSize - misaligned < n ? kSize - misaligned : n);
+    vectors = (n - head) / kSize;
+    tail = n - head - vectors * kSize;
+  }
+};
+
+// Thread `thread` of `threads` folds its share of in[0, n): vectors thread, thread + threads, ...
+template <typename acc_t, typename scalar_t, typename Op>
+__device__ acc_t thread_reduce(const scalar_t* __restrict__ in, int64_t n, int64_t thread, int64_t threads, Op op) {
+  using V = Vec16<scalar_t>;
+  const AlignedSplit<scalar_t> split(in, n);
+  const V* vin = reinterpret_cast<const V*>(in + split.head);
+
+  acc_t acc[kUnroll];
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) acc[k] = Op::identity();
+  int64_t i = thread;
+  for (; i + (kUnroll - 1) * threads < split.vectors; i += kUnroll * threads) {
+    V v[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) v[k] = load_vector(vin + i + k * threads);  // all loads issued before any use
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) acc[k] = op(acc[k], fold_vector<acc_t>(v[k], op));
+  }
+  for (; i < split.vectors; i += threads) acc[0] = op(acc[0], fold_vector<acc_t>(load_vector(vin + i), op));
+
+  if (thread < split.head) acc[1] = op(acc[1], static_cast<acc_t>(in[thread]));
+  if (thread < split.tail) acc[2] = op(acc[2], static_cast<acc_t>(in[split.head + split.vectors * V::kSize + thread]));
+  return op(op(acc[0], acc[1]), op(acc[2], acc[3]));
+}
+
+// One block per share of the input. With `ticket` null, each block writes its partial and a second
+// launch folds them; else the last block folds them and writes `out`. A grid of one block writes `out`.
+template <unsigned BLOCK, typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
+__global__ void __launch_bounds__(BLOCK)
+    device_reduce_kernel(const scalar_t* __restrict__ in, int64_t n, acc_t* __restrict__ partials,
+                         unsigned* __restrict__ ticket, out_t* __restrict__ out, Op op, Project project) {
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * BLOCK + threadIdx.x;
+  acc_t v = thread_reduce<acc_t>(in, n, thread, static_cast<int64_t>(gridDim.x) * BLOCK, op);
+  v = block_reduce<BLOCK>(v, op);
+  if (gridDim.x == 1) {
+    if (threadIdx.x == 0) *out = static_cast<out_t>(project(v));
+    return;
+  }
+  if (ticket == nullptr) {
+    if (threadIdx.x == 0) partials[blockIdx.x] = v;
+    return;
+  }
+  __shared__ bool is_last_block;
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = v;
+    __threadfence();  // publish the partial before the ticket says it is there
+    is_last_block = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!is_last_block) return;
+  acc_t w = Op::identity();
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += BLOCK) w = op(w, __ldcg(partials + b));  // from L2, not a stale L1
+  w = block_reduce<BLOCK>(w, op);
+  if (threadIdx.x == 0) {
+    *out = static_cast<out_t>(project(w));
+    *ticket = 0;  // ready for the next launch on this stream
+  }
+}
+
+// A zeroed ticket counter per stream, reset by the last block of each launch: launches on one stream run
+// in order, so they never share it, and no memset is needed per call (that would be a second launch).
+inline unsigned* ticket_for_current_stream() {
+  static std::mutex mutex;
+  static std::unordered_map<cudaStream_t, at::Tensor> tickets;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = tickets.find(stream.stream());
+  if (it == tickets.end()) {
+    auto ticket = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, stream.device_index()));
+    it = tickets.emplace(stream.stream(), ticket).first;
+  }
+  return reinterpret_cast<unsigned*>(it->second.data_ptr<int32_t>());
+}
+
+// Blocks to launch: enough to cover the input once with kUnroll vectors per thread, capped at what the
+// multiprocessors hold at once (a grid-stride loop covers the rest).
+template <unsigned BLOCK, typename Kernel>
+int64_t device_reduce_grid(Kernel kernel, int64_t vectors) {
+  static int blocks_per_sm = [&] {
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, BLOCK, 0));
+    return blocks > 0 ? blocks : 1;
+  }();
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t wanted = (vectors + int64_t(BLOCK) * kUnroll - 1) / (int64_t(BLOCK) * kUnroll);
+  return std::max<int64_t>(1, std::min<int64_t>(wanted, sms * blocks_per_sm));
+}
+
+// Reduce n contiguous elements at `in` into out[0]. single_pass: last-block fold; else a second launch.
+template <unsigned BLOCK, typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
+void launch_device_reduce(const scalar_t* in, int64_t n, out_t* out, Op op, Project project, bool single_pass,
+                          const at::Device& device) {
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  auto first = device_reduce_kernel<BLOCK, scalar_t, acc_t, out_t, Op, Project>;
+  const int64_t grid = device_reduce_grid<BLOCK>(first, (n + Vec16<scalar_t>::kSize - 1) / Vec16<scalar_t>::kSize);
+  at::Tensor partials;
+  acc_t* partial_ptr = nullptr;
+  if (grid > 1) {
+    partials = at::empty({grid}, at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value).device(device));
+    partial_ptr = partials.data_ptr<acc_t>();
+  }
+  unsigned* ticket = (grid > 1 && single_pass) ? ticket_for_current_stream() : nullptr;
+  first<<<grid, BLOCK, 0, stream>>>(in, n, partial_ptr, ticket, out, op, project);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (grid > 1 && !single_pass) {
+    device_reduce_kernel<BLOCK, acc_t, acc_t, out_t, Op, Project>
+        <<<1, BLOCK, 0, stream>>>(partial_ptr, grid, nullptr, nullptr, out, op, project);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace torch_reduce::cuda

@@ -1,0 +1,222 @@
+"""The ladder ops (torch.ops.reduce.sum_*): correctness against float64, CPU model vs GPU bits, contracts."""
+import math
+
+import pytest
+import torch
+
+from conftest import ALL_DTYPES, DEVICES, random_tensor, requires_cuda
+from torch_reduce import LADDER
+from torch_reduce.ladder import BY_NAME
+
+SIZES = [0, 1, 2, 31, 32, 33, 255, 256, 257, 997, 1023, 1025, 4095, 4097, 65521, 65537, 1_000_003]
+BLOCK_SIZES = [32, 64, 128, 256, 512, 1024]
+VARIANTS = [v.name for v in LADDER]
+MODEL_SMS = 132  # the CPU models replay a GPU with the H200's multiprocessor count
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53}
+RESULT_ROUNDING = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def reference(x):
+    return x.double().sum() if x.dtype.is_floating_point else x.long().sum()
+
+
+def per_thread_elements(name, n, block):
+    """The longest serial chain a thread runs before the trees (an upper bound)."""
+    v = BY_NAME[name]
+    if v.loads_per_thread == 1:
+        return 1
+    if name in ("sum_first_add", "sum_warp_unrolled", "sum_unrolled"):
+        return 2
+    threads = min(-(-n // block), MODEL_SMS * 2048 // block) * block
+    return -(-n // max(threads, 1)) + 16
+
+
+def error_bound(name, x, block):
+    """|sum - exact| <= depth * u * sum|x|: depth = additions any element goes through (chain + trees)."""
+    n = x.numel()
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    depth = per_thread_elements(name, n, block) + 2 * math.ceil(math.log2(max(n, 2))) + 8
+    bound = depth * UNIT_ROUNDOFF[acc] * x.double().abs().sum().item()
+    return bound + RESULT_ROUNDING.get(x.dtype, 0.0) * abs(reference(x).item())
+
+
+def check_sum(name, x, block=256):
+    out = getattr(torch.ops.reduce, name)(x, block)
+    ref = reference(x)
+    assert out.shape == ()
+    assert out.dtype == (x.dtype if x.dtype.is_floating_point else torch.int64)
+    assert out.device == x.device
+    if x.dtype.is_floating_point:
+        err = abs(out.double().item() - ref.item())
+        assert err <= error_bound(name, x, block), (name, x.numel(), block, out.item(), ref.item())
+    else:
+        assert out.item() == ref.item()
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block", BLOCK_SIZES)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_float32_sizes_and_blocks(name, n, block, device):
+    check_sum(name, random_tensor(n, torch.float32, device), block)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 257, 65537, 1_000_003])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_dtype(name, dtype, n, device):
+    check_sum(name, random_tensor(n, dtype, device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_views(name, device):
+    base = random_tensor((301, 517), torch.float32, device)
+    for view in (base[1:], base.t(), base.view(-1)[::3], base.view(-1)[1:], base.view(-1)[3:-2], base[:, 5:9],
+                 base.view(-1)[7:7 + 4 * 513].view(4, 513).t()):
+        check_sum(name, view)
+    check_sum(name, random_tensor((64, 33), torch.int8, device).t())
+    check_sum(name, random_tensor((3, 1001), torch.bfloat16, device)[:, 1:])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_empty_nan_inf(name, device):
+    op = getattr(torch.ops.reduce, name)
+    for dtype in (torch.float32, torch.int32, torch.bool, torch.float16):
+        empty = torch.empty((0, 5), dtype=dtype, device=device)
+        assert op(empty).item() == 0 and op(empty).dtype == torch.sum(empty).dtype
+    x = random_tensor(10_000, torch.float32, device)
+    for poison, expect in ((math.nan, math.nan), (math.inf, math.inf), (-math.inf, -math.inf)):
+        y = x.clone()
+        y[4321] = poison
+        got, want = op(y).item(), torch.sum(y).item()
+        assert (math.isnan(got) and math.isnan(want)) or got == want == expect
+    y = x.clone()
+    y[10], y[9000] = math.inf, -math.inf
+    assert math.isnan(op(y).item()) and math.isnan(torch.sum(y).item())
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_bad_input(name):
+    op = getattr(torch.ops.reduce, name)
+    with pytest.raises(RuntimeError, match="unsupported dtype"):
+        op(torch.randn(8, dtype=torch.complex64))
+    with pytest.raises(RuntimeError, match="unsupported dtype"):
+        op(torch.ones(8, dtype=torch.uint16))
+    for block in (0, 16, 48, 100, 2048, -256):
+        with pytest.raises(RuntimeError, match=r"power of two in \[32, 1024\]"):
+            op(torch.randn(8), block)
+    with pytest.raises(NotImplementedError, match=name):
+        op(torch.randn(8).to_sparse())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_opcheck(name, device):
+    op = getattr(torch.ops.reduce, name)
+    samples = [
+        (random_tensor((37, 11), torch.float32, device).requires_grad_(), 64),
+        (random_tensor(1000, torch.float16, device), 256),
+        (random_tensor((5, 7), torch.int32, device), 32),
+        (random_tensor(0, torch.float32, device), 128),
+    ]
+    for x, block in samples:
+        torch.library.opcheck(op, (x, block))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_gradcheck(name, device):
+    op = getattr(torch.ops.reduce, name)
+    x = random_tensor((6, 9), torch.float64, device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: op(t, 32), (x,))
+    g = torch.randn((), dtype=torch.float64, device=device)
+    (grad,) = torch.autograd.grad(op(x, 32), x, g)
+    assert torch.equal(grad, g.expand_as(x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    def f(x):
+        return torch.ops.reduce.sum_seq(x * 2, 128) + torch.ops.reduce.sum_single_pass(x, 512)
+
+    x = random_tensor(4097, torch.float32, device)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_ladder_registry():
+    assert [v.lesson for v in LADDER[:7]] == [f"REDUCE-{i}" for i in range(7)]
+    for v in LADDER:
+        assert v.summary and v.op is getattr(torch.ops.reduce, v.name)
+
+
+# ------------------------------------------------------------------------------------------- GPU only ----
+
+
+def gpu_replays_cpu_model(name, n, block):
+    """Whether the CPU model's launch geometry is the GPU's (same SM count; vector kernels below the cap)."""
+    if torch.cuda.get_device_properties(0).multi_processor_count != MODEL_SMS:
+        return BY_NAME[name].loads_per_thread in (1, 2) and name != "sum_multi"
+    if BY_NAME[name].loads_per_thread == 0:
+        return -(-n // 4) <= MODEL_SMS * block * 4  # fewer blocks than one per SM: no occupancy question
+    return True
+
+
+@requires_cuda
+@pytest.mark.parametrize("block", BLOCK_SIZES)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_cuda_bits_equal_cpu_model(name, block):
+    op = getattr(torch.ops.reduce, name)
+    for n in SIZES[1:] + [2**20 + 7, 3 * 2**21 + 1]:
+        if not gpu_replays_cpu_model(name, n, block):
+            continue
+        x = random_tensor(n, torch.float32, "cpu")
+        cpu, gpu = op(x, block), op(x.cuda(), block).cpu()
+        assert torch.equal(cpu, gpu), (name, n, block, cpu.item(), gpu.item())
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", VARIANTS)
+def test_cuda_more_than_2_31_elements(name):
+    n = 2**31 + 3 * 2**20 + 5
+    x = torch.randint(-100, 100, (n,), dtype=torch.int8, device="cuda")
+    assert getattr(torch.ops.reduce, name)(x).item() == torch.sum(x).item()
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", VARIANTS)
+def test_cuda_stream_guard_and_graph(name):
+    op = getattr(torch.ops.reduce, name)
+    x = random_tensor(3 * 2**20 + 17, torch.float32, "cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        on_side_stream = op(x)
+    stream.synchronize()
+    assert torch.equal(on_side_stream, op(x))
+    # No host synchronisation inside the op: it can be captured, and a replay sees new data.
+    static = x.clone()
+    op(static)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = op(static)
+    fresh = random_tensor(static.numel(), torch.float32, "cuda")
+    static.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, op(fresh))
+    if torch.cuda.device_count() > 1:
+        y = random_tensor(10_000, torch.float32, "cuda:1")
+        assert op(y).device == y.device and torch.equal(op(y).cpu(), op(y.cpu()))
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", VARIANTS)
+def test_cuda_deterministic(name):
+    op = getattr(torch.ops.reduce, name)
+    x = random_tensor(2**24 + 3, torch.float32, "cuda")
+    first = op(x)
+    assert all(torch.equal(first, op(x)) for _ in range(100))

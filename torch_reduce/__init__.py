@@ -1,0 +1,11 @@
+"""torch_reduce: the parallel-reduction lessons as PyTorch ops, carried to the memory-bandwidth limit.
+
+``import torch_reduce`` loads the compiled extension, which registers ``torch.ops.reduce.*``.
+"""
+import torch  # noqa: F401  (the extension links against torch's libraries)
+
+from . import _C  # noqa: F401  registers torch.ops.reduce
+from . import ops  # noqa: F401  fake kernels and autograd
+from .ladder import LADDER, Variant  # noqa: F401
+
+__all__ = ["LADDER", "Variant"]
