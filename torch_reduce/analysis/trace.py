@@ -60,7 +60,7 @@ KERNELS: dict[str, Kernel] = {
     "sum_interleaved": Kernel("interleaved", "one", "predicated"),
     "sum_strided": Kernel("strided", "one", "branch"),
     "sum_seq": Kernel("sequential", "one", "branch"),
-    "sum_first_add": Kernel("sequential", "one", "branch"),
+    "sum_first_add": Kernel("sequential", "first_add", "branch"),
     "sum_warp_unrolled": Kernel("last_warp_shuffled", "first_add", "branch"),
     "sum_unrolled": Kernel("last_warp_shuffled", "first_add", "branch"),
     "sum_multi": Kernel("last_warp_shuffled", "grid_stride", "branch"),
@@ -112,7 +112,7 @@ def tree_steps(tree: str, block_size: int) -> list[TreeStep]:
     smallest = 2 * WARP if tree == "last_warp_shuffled" else 1
     return [
         TreeStep(s, tid < s, tid, tid + s, "sdata[tid]", "sdata[tid + s]")
-        for s in reversed(doubling)
+        for s in doubling
         if s >= smallest
     ]
 

@@ -1,0 +1,61 @@
+"""``python -m torch_reduce.bench [--quick] [--sections ladder,dropin,layernorm] [--out DIR]``
+
+On a GPU: every section's timings, printed as tables and written as JSON, Markdown and PNG plots under
+benchmarks/results/<gpu>/. Without a GPU: the CPU kernels on a small input, and a plain statement that
+no GPU was found (exit 0).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .context import Context, gpu_slug
+
+SECTIONS = ("ladder", "dropin", "layernorm")
+
+
+def cpu_smoke() -> str:
+    import torch_reduce
+    from torch_reduce import LADDER
+
+    x = torch.randn(1_000_003)
+    ref = x.double().sum().item()
+    lines = ["No GPU found: timings need an NVIDIA GPU, so this ran the CPU models once on 1,000,003 floats.",
+             f"{'op':<20} {'sum':>16} {'|err|/|ref|':>12}"]
+    for v in LADDER:
+        got = v.op(x).item()
+        lines.append(f"{v.name:<20} {got:>16.6f} {abs(got - ref) / abs(ref):>12.2e}")
+    got = torch_reduce.sum(x).item() if hasattr(torch_reduce, "sum") else None
+    if got is not None:
+        lines.append(f"{'torch_reduce.sum':<20} {got:>16.6f} {abs(got - ref) / abs(ref):>12.2e}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_reduce.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a subset of sizes (minutes -> seconds)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/<gpu>)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(cpu_smoke())
+        return 0
+    ctx = Context(quick=args.quick, out_dir=args.out or Path("benchmarks") / "results" / gpu_slug())
+    for name in [s for s in args.sections.split(",") if s]:
+        if name not in SECTIONS:
+            parser.error(f"unknown section {name!r}; choose from {SECTIONS}")
+        start = time.perf_counter()
+        section = importlib.import_module(f"torch_reduce.bench.{name}")
+        print(section.run(ctx), flush=True)
+        print(f"[{name}: {time.perf_counter() - start:.0f} s]", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""GPU timing the way the project reports it: CUDA events, warm-up, medians, inputs rotated past the L2.
+
+Two clocks:
+- ``time_launches``: one call per sample between two events on the current stream. At launch-bound sizes
+  this includes the op's host overhead, as the GPU timeline sees it.
+- ``time_graph``: the calls captured once in a CUDA graph and replayed: GPU time alone.
+Each sample uses the next input in a rotation whose total size exceeds the L2 several times, so no
+sample reads what the previous one left in cache.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+L2_ROTATION_BYTES = 4 * 64 * 2**20  # four times the H200's 60 MiB L2 (rounded up)
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    samples: int
+
+
+def rotation(make: Callable[[], torch.Tensor], tensor_bytes: int, min_count: int = 2) -> list[torch.Tensor]:
+    """Enough distinct inputs that cycling through them streams more than the L2 holds."""
+    count = max(min_count, math.ceil(L2_ROTATION_BYTES / max(tensor_bytes, 1)))
+    return [make() for _ in range(min(count, 64))]
+
+
+def pool_rotation(pool: torch.Tensor, shape: Sequence[int], min_count: int = 2) -> list[torch.Tensor]:
+    """Views at distinct, 256-byte-aligned offsets of one big random pool (cheap for tiny tensors)."""
+    numel = math.prod(shape)
+    stride = -(-max(numel, 1) * pool.element_size() // 256) * 256 // pool.element_size()
+    count = min(pool.numel() // max(stride, 1), max(min_count, math.ceil(L2_ROTATION_BYTES / max(numel * pool.element_size(), 1))))
+    if count < min_count:
+        raise ValueError(f"pool of {pool.numel()} elements too small for {min_count} inputs of {numel}")
+    return [pool[i * stride: i * stride + numel].view(shape) for i in range(min(count, 4096))]
+
+
+def _budget_samples(estimate_ms: float, budget_ms: float, lo: int, hi: int) -> int:
+    return int(max(lo, min(hi, budget_ms / max(estimate_ms, 1e-3))))
+
+
+def time_launches(fn: Callable, inputs: Sequence, *, warmup: int = 3, budget_ms: float = 250.0,
+                  min_samples: int = 10, max_samples: int = 200) -> Timing:
+    """Median over samples of one call each, bracketed by CUDA events."""
+    for i in range(warmup):
+        fn(inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    probe_start, probe_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    probe_start.record()
+    fn(inputs[0])
+    probe_end.record()
+    torch.cuda.synchronize()
+    samples = _budget_samples(probe_start.elapsed_time(probe_end), budget_ms, min_samples, max_samples)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(samples)]
+    for i, (start, end) in enumerate(events):
+        x = inputs[(i + 1) % len(inputs)]
+        start.record()
+        fn(x)
+        end.record()
+    torch.cuda.synchronize()
+    return Timing(statistics.median(s.elapsed_time(e) for s, e in events), samples)
+
+
+def time_graph(fn: Callable, inputs: Sequence, *, calls_per_graph: int | None = None, replays: int = 20) -> Timing:
+    """Median over graph replays of the per-call time: one graph holds one call per rotated input."""
+    calls = calls_per_graph or len(inputs)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(3):
+            fn(inputs[i % len(inputs)])
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(inputs[i % len(inputs)])
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return Timing(statistics.median(times), replays)
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
