@@ -7,6 +7,8 @@
 // LayerNorm reductions, templated over the combine operator (SumOp, MaxOp, MinOp, ...).
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "common/reduce_ops.h"
 
 namespace torch_reduce::cuda {
@@ -47,13 +49,24 @@ __device__ void tree_sequential(T* sdata, unsigned tid) {
 
 // ---------------------------------------------------------------- warp and block (shuffles) ----
 
+// __shfl_down_sync for numbers, and for accumulator structs (e.g. Welford's) through their own
+// `T::shfl_down(v, offset, width)`, so every tree below works for both.
+template <typename T>
+__device__ __forceinline__ T shfl_down(T v, unsigned offset, unsigned width) {
+  if constexpr (std::is_arithmetic_v<T>) {
+    return __shfl_down_sync(kFullMask, v, offset, width);
+  } else {
+    return T::shfl_down(v, offset, width);
+  }
+}
+
 // Lane i combines lane i+offset, offsets WIDTH/2 .. 1: the same pairing as the sequential tree, so a
 // warp reduced this way gives the bits the shared-memory loop would. The result is in lane 0 of each
 // WIDTH-lane group.
 template <unsigned WIDTH = kWarpSize, typename T, typename Op>
 __device__ __forceinline__ T warp_reduce(T v, Op op) {
 #pragma unroll
-  for (unsigned offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, __shfl_down_sync(kFullMask, v, offset, WIDTH));
+  for (unsigned offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, shfl_down(v, offset, WIDTH));
   return v;
 }
 

@@ -70,6 +70,21 @@ __device__ __forceinline__ acc_t fold_vector(const Vec16<scalar_t>& v, Op op) {
   }
 }
 
+// A load from L2 (ld.global.cg): what another block wrote and published with __threadfence, never a
+// stale L1 line. Accumulator structs are loaded word by word.
+template <typename T>
+__device__ __forceinline__ T load_from_l2(const T* p) {
+  if constexpr (std::is_arithmetic_v<T>) {
+    return __ldcg(p);
+  } else {
+    static_assert(sizeof(T) % 4 == 0, "accumulator structs are loaded as 4-byte words");
+    T v;
+    for (unsigned k = 0; k < sizeof(T) / 4; ++k)
+      reinterpret_cast<unsigned*>(&v)[k] = __ldcg(reinterpret_cast<const unsigned*>(p) + k);
+    return v;
+  }
+}
+
 // Where the 16-byte-aligned body of a contiguous range starts and ends.
 template <typename scalar_t>
 struct AlignedSplit {
@@ -136,7 +151,7 @@ __global__ void __launch_bounds__(BLOCK)
   __syncthreads();
   if (!is_last_block) return;
   acc_t w = Op::identity();
-  for (unsigned b = threadIdx.x; b < gridDim.x; b += BLOCK) w = op(w, __ldcg(partials + b));  // from L2, not a stale L1
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += BLOCK) w = op(w, load_from_l2(partials + b));
   w = block_reduce<BLOCK>(w, op);
   if (threadIdx.x == 0) {
     *out = static_cast<out_t>(project(w));
@@ -182,9 +197,9 @@ void launch_device_reduce(const scalar_t* in, int64_t n, out_t* out, Op op, Proj
   const int64_t grid = device_reduce_grid<BLOCK>(first, (n + Vec16<scalar_t>::kSize - 1) / Vec16<scalar_t>::kSize);
   at::Tensor partials;
   acc_t* partial_ptr = nullptr;
-  if (grid > 1) {
-    partials = at::empty({grid}, at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value).device(device));
-    partial_ptr = partials.data_ptr<acc_t>();
+  if (grid > 1) {  // bytes, so accumulator structs (Welford's) fit too
+    partials = at::empty({grid * static_cast<int64_t>(sizeof(acc_t))}, at::TensorOptions().dtype(at::kByte).device(device));
+    partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
   }
   unsigned* ticket = (grid > 1 && single_pass) ? ticket_for_current_stream() : nullptr;
   first<<<grid, BLOCK, 0, stream>>>(in, n, partial_ptr, ticket, out, op, project);
