@@ -9,4 +9,10 @@ TORCH_LIBRARY(reduce, m) {
 #define TORCH_REDUCE_SCHEMA(name, variant) m.def(#name "(Tensor t, int block_size=256) -> Tensor");
   TORCH_REDUCE_LADDER(TORCH_REDUCE_SCHEMA)
 #undef TORCH_REDUCE_SCHEMA
+
+  // Drop-in reductions with torch's semantics (torch_reduce/reductions.py): dims, keepdim, dtype=.
+  m.def("sum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor");
+  m.def("mean(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor");
+  m.def("amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor");
+  m.def("amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor");
 }

@@ -7,5 +7,6 @@ import torch  # noqa: F401  (the extension links against torch's libraries)
 from . import _C  # noqa: F401  registers torch.ops.reduce
 from . import ops  # noqa: F401  fake kernels and autograd
 from .ladder import LADDER, Variant  # noqa: F401
+from .reductions import amax, amin, mean, sum  # noqa: A004  (torch's names, on purpose)
 
-__all__ = ["LADDER", "Variant"]
+__all__ = ["LADDER", "Variant", "sum", "mean", "amax", "amin"]

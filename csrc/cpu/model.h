@@ -82,8 +82,8 @@ acc_t thread_reduce(const scalar_t* in, int64_t n, int64_t thread, int64_t threa
   for (; i + (kUnroll - 1) * threads < vectors; i += kUnroll * threads)
     for (int64_t k = 0; k < kUnroll; ++k) acc[k] = op(acc[k], fold_vector<acc_t>(body + (i + k * threads) * kSize, op));
   for (; i < vectors; i += threads) acc[0] = op(acc[0], fold_vector<acc_t>(body + i * kSize, op));
-  if (thread < head) acc[1] = op(acc[1], static_cast<acc_t>(in[thread]));
-  if (thread < tail) acc[2] = op(acc[2], static_cast<acc_t>(body[vectors * kSize + thread]));
+  for (int64_t j = thread; j < head; j += threads) acc[1] = op(acc[1], static_cast<acc_t>(in[j]));
+  for (int64_t j = thread; j < tail; j += threads) acc[2] = op(acc[2], static_cast<acc_t>(body[vectors * kSize + j]));
   return op(op(acc[0], acc[1]), op(acc[2], acc[3]));
 }
 

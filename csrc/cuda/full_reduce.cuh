@@ -120,8 +120,10 @@ __device__ acc_t thread_reduce(const scalar_t* __restrict__ in, int64_t n, int64
   }
   for (; i < split.vectors; i += threads) acc[0] = op(acc[0], fold_vector<acc_t>(load_vector(vin + i), op));
 
-  if (thread < split.head) acc[1] = op(acc[1], static_cast<acc_t>(in[thread]));
-  if (thread < split.tail) acc[2] = op(acc[2], static_cast<acc_t>(in[split.head + split.vectors * V::kSize + thread]));
+  // Up to 15 scalars each side: one per thread for a block, a few per lane for a narrow row group.
+  for (int64_t j = thread; j < split.head; j += threads) acc[1] = op(acc[1], static_cast<acc_t>(in[j]));
+  const scalar_t* tail = in + split.head + split.vectors * V::kSize;
+  for (int64_t j = thread; j < split.tail; j += threads) acc[2] = op(acc[2], static_cast<acc_t>(tail[j]));
   return op(op(acc[0], acc[1]), op(acc[2], acc[3]));
 }
 

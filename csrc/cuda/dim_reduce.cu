@@ -1,0 +1,311 @@
+// torch_reduce.sum/mean/amax/amin on the GPU, over the normal form (B, K, N) of dim_reduce.h:
+//   B * N == 1: the whole tensor, launch_device_reduce (full_reduce.cuh), single pass;
+//   N == 1:     rows of K contiguous elements. Short rows: G lanes per row (G = 1..32, from K), several
+//               rows per warp, warp_reduce<G>; long rows: one block per row, block_reduce; long rows
+//               but few of them: each row split over several blocks, partials folded by a second kernel;
+//   N > 1:      columns: each thread owns 1 or 4 adjacent columns and walks K; the block's threadIdx.y
+//               slices are folded through shared memory; K split over blockIdx.y when B * N cannot fill
+//               the GPU, partials folded by a second kernel.
+// Every fold has a fixed order and no atomics: the same input gives the same bits on every run.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "common/dispatch.h"
+#include "cuda/block_reduce.cuh"
+#include "cuda/full_reduce.cuh"
+#include "dim_reduce.h"
+
+namespace torch_reduce::cuda {
+namespace {
+
+constexpr unsigned kBlock = 256;
+// Threads the H200-class GPUs keep resident per multiprocessor: the grid sizes below aim to fill them.
+constexpr int64_t kResidentBlocksPerSm = 2048 / kBlock;
+
+int64_t multiprocessors() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t next_power_of_two(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// ------------------------------------------------------------------------------------------ rows ----
+
+// G lanes per row, 32 / G rows per warp; each lane folds its share of the row with thread_reduce (16-byte
+// loads on the row's aligned body, single loads for the few elements around it). Whole warps iterate
+// together, so every lane reaches the shuffles even past the last row.
+template <unsigned G, typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
+__global__ void __launch_bounds__(kBlock)
+    row_group_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t K, out_t* __restrict__ out, Op op,
+                     Project project) {
+  constexpr int64_t kRowsPerWarp = kWarpSize / G;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x) / kWarpSize;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kBlock / kWarpSize);
+  const unsigned lane = threadIdx.x % G;
+  const int64_t group_in_warp = (threadIdx.x % kWarpSize) / G;
+  for (int64_t first = warp * kRowsPerWarp; first < rows; first += warps * kRowsPerWarp) {
+    const int64_t row = first + group_in_warp;
+    acc_t v = row < rows ? thread_reduce<acc_t>(in + row * K, K, lane, G, op) : Op::identity();
+    v = warp_reduce<G>(v, op);
+    if (lane == 0 && row < rows) out[row] = static_cast<out_t>(project(v));
+  }
+}
+
+// One block per (row, split): blockIdx.y picks the split [y * chunk, (y + 1) * chunk) of every row.
+// One split: the result; several: partials[y][row], folded by fold_splits_kernel.
+template <typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
+__global__ void __launch_bounds__(kBlock)
+    row_block_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t K, int64_t chunk,
+                     acc_t* __restrict__ partials, out_t* __restrict__ out, Op op, Project project) {
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t length = K - begin < chunk ? K - begin : chunk;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    acc_t v = thread_reduce<acc_t>(in + row * K + begin, length, threadIdx.x, kBlock, op);
+    v = block_reduce<kBlock>(v, op);
+    if (threadIdx.x == 0) {
+      if (gridDim.y == 1) out[row] = static_cast<out_t>(project(v));
+      else partials[blockIdx.y * rows + row] = v;
+    }
+    __syncthreads();  // block_reduce's shared memory is reused by the next row
+  }
+}
+
+// out[i] = project(partials[0][i] op partials[1][i] op ...), splits in order.
+template <typename acc_t, typename out_t, typename Op, typename Project>
+__global__ void __launch_bounds__(kBlock)
+    fold_splits_kernel(const acc_t* __restrict__ partials, int64_t outputs, int64_t splits, out_t* __restrict__ out,
+                       Op op, Project project) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; i < outputs; i += stride) {
+    acc_t v = Op::identity();
+    for (int64_t s = 0; s < splits; ++s) v = op(v, partials[s * outputs + i]);
+    out[i] = static_cast<out_t>(project(v));
+  }
+}
+
+template <typename acc_t, typename out_t, typename Op, typename Project>
+void launch_fold_splits(const at::Tensor& partials, int64_t outputs, int64_t splits, out_t* out, Op op,
+                        Project project, cudaStream_t stream) {
+  const int64_t grid = std::min(ceil_div(outputs, kBlock), multiprocessors() * kResidentBlocksPerSm);
+  fold_splits_kernel<<<grid, kBlock, 0, stream>>>(reinterpret_cast<const acc_t*>(partials.const_data_ptr()), outputs,
+                                                  splits, out, op, project);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename F>
+void with_lanes_per_row(int64_t lanes, F&& f) {
+  switch (lanes) {
+    case 1: return f(std::integral_constant<unsigned, 1>());
+    case 2: return f(std::integral_constant<unsigned, 2>());
+    case 4: return f(std::integral_constant<unsigned, 4>());
+    case 8: return f(std::integral_constant<unsigned, 8>());
+    case 16: return f(std::integral_constant<unsigned, 16>());
+    default: return f(std::integral_constant<unsigned, 32>());
+  }
+}
+
+// Rows up to this many 16-byte vectors go to row_group_kernel (at most 8 vectors a lane); longer rows
+// get a block each.
+constexpr int64_t kMaxGroupRowVectors = kWarpSize * 8;
+// A split of a long row keeps each of the block's threads busy for at least this many vectors.
+constexpr int64_t kMinVectorsPerThread = 8;
+
+template <typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
+void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Op op, Project project,
+                 const at::TensorOptions& options, cudaStream_t stream) {
+  constexpr int64_t kVector = Vec16<scalar_t>::kSize;
+  const int64_t vectors = ceil_div(K, kVector);
+  const int64_t resident_blocks = multiprocessors() * kResidentBlocksPerSm;
+  if (vectors <= kMaxGroupRowVectors) {
+    // One vector per lane up to 32 lanes (K = 32 floats: 8 lanes, 4 rows per warp); then more per lane.
+    const int64_t lanes = std::min<int64_t>(kWarpSize, next_power_of_two(vectors));
+    with_lanes_per_row(lanes, [&](auto g) {
+      constexpr unsigned G = decltype(g)::value;
+      const int64_t rows_per_block = kBlock / G;
+      const int64_t grid = std::min(ceil_div(rows, rows_per_block), resident_blocks * 32);
+      row_group_kernel<G, scalar_t, acc_t><<<grid, kBlock, 0, stream>>>(in, rows, K, out, op, project);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    return;
+  }
+  // Few long rows (32 x 2^24) cannot fill the GPU one block per row: split them.
+  int64_t splits = 1;
+  if (rows < resident_blocks) {
+    splits = std::min(ceil_div(resident_blocks, rows), std::max<int64_t>(1, vectors / (kBlock * kMinVectorsPerThread)));
+    splits = std::min<int64_t>(splits, 65535);
+  }
+  const int64_t chunk = ceil_div(vectors, splits) * kVector;  // whole vectors: every split starts aligned
+  splits = ceil_div(K, chunk);
+  at::Tensor partials;
+  acc_t* partial_ptr = nullptr;
+  if (splits > 1) {
+    partials = at::empty({splits * rows * static_cast<int64_t>(sizeof(acc_t))}, options.dtype(at::kByte));
+    partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
+  }
+  const dim3 grid(static_cast<unsigned>(std::min(rows, resident_blocks * 32)), static_cast<unsigned>(splits));
+  row_block_kernel<scalar_t, acc_t><<<grid, kBlock, 0, stream>>>(in, rows, K, chunk, partial_ptr, out, op, project);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (splits > 1) launch_fold_splits<acc_t>(partials, rows, splits, out, op, project, stream);
+}
+
+// ---------------------------------------------------------------------------------------- columns ----
+
+// C adjacent elements in one load (C * sizeof(scalar_t) bytes, aligned to that).
+template <int C, typename scalar_t>
+struct alignas(C * sizeof(scalar_t)) Columns {
+  scalar_t value[C];
+};
+
+// Thread (x, y) of a (bx, by) block owns C adjacent columns of one slab b (group = blockIdx.x * bx + x)
+// and folds rows y, y + by, ... of its split [blockIdx.y * rows_per_split, ...) of K; the by slices are
+// then folded pairwise in shared memory. One split: the result; several: partials[split][b * N + n].
+template <int C, typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
+__global__ void __launch_bounds__(kBlock)
+    column_kernel(const scalar_t* __restrict__ in, int64_t outer, int64_t K, int64_t N, int64_t rows_per_split,
+                  acc_t* __restrict__ partials, out_t* __restrict__ out, Op op, Project project) {
+  using Load = Columns<C, scalar_t>;
+  const int64_t groups_per_slab = N / C;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool active = group < outer * groups_per_slab;
+  const int64_t b = group / groups_per_slab, n = (group % groups_per_slab) * C;
+  const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t k_end = k_begin + rows_per_split < K ? k_begin + rows_per_split : K;
+  const int64_t step = blockDim.y;
+
+  acc_t acc[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) acc[c] = Op::identity();
+  if (active) {
+    const scalar_t* column = in + b * K * N + n;
+    int64_t k = k_begin + threadIdx.y;
+    constexpr int kInFlight = 4;
+    for (; k + (kInFlight - 1) * step < k_end; k += kInFlight * step) {
+      Load v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) v[u] = *reinterpret_cast<const Load*>(column + (k + u * step) * N);
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u)
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c] = op(acc[c], static_cast<acc_t>(v[u].value[c]));
+    }
+    for (; k < k_end; k += step) {
+      const Load v = *reinterpret_cast<const Load*>(column + k * N);
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[c] = op(acc[c], static_cast<acc_t>(v.value[c]));
+    }
+  }
+
+  __shared__ acc_t slices[kBlock][C];
+  const unsigned slot = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int c = 0; c < C; ++c) slices[slot][c] = acc[c];
+  __syncthreads();
+  for (unsigned s = blockDim.y / 2; s > 0; s >>= 1) {
+    if (threadIdx.y < s) {
+#pragma unroll
+      for (int c = 0; c < C; ++c) slices[slot][c] = op(slices[slot][c], slices[slot + s * blockDim.x][c]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y != 0 || !active) return;
+  const int64_t first_output = b * N + n;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    if (gridDim.y == 1) out[first_output + c] = static_cast<out_t>(project(slices[slot][c]));
+    else partials[blockIdx.y * outer * N + first_output + c] = slices[slot][c];
+  }
+}
+
+// A split of K keeps each thread busy for at least this many rows.
+constexpr int64_t kMinRowsPerThread = 8;
+
+template <typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
+void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out_t* out, Op op, Project project,
+                    const at::TensorOptions& options, cudaStream_t stream) {
+  // Four columns a thread when every slab's row starts at a multiple of four elements (one 16-byte load
+  // for float32), else one.
+  constexpr int kFour = 4;
+  const bool four = N % kFour == 0 && reinterpret_cast<uintptr_t>(in) % (kFour * sizeof(scalar_t)) == 0;
+  const int64_t groups = outer * N / (four ? kFour : 1);
+  const int64_t bx = std::min<int64_t>(kWarpSize, next_power_of_two(groups)), by = kBlock / bx;
+  const int64_t blocks = ceil_div(groups, bx);
+  const int64_t resident_blocks = multiprocessors() * kResidentBlocksPerSm;
+  int64_t splits = 1;
+  if (blocks < resident_blocks) {
+    splits = std::min(ceil_div(resident_blocks, blocks), std::max<int64_t>(1, K / (by * kMinRowsPerThread)));
+    splits = std::min<int64_t>(splits, 65535);
+  }
+  const int64_t rows_per_split = ceil_div(K, splits);
+  splits = ceil_div(K, rows_per_split);
+  at::Tensor partials;
+  acc_t* partial_ptr = nullptr;
+  if (splits > 1) {
+    partials = at::empty({splits * outer * N * static_cast<int64_t>(sizeof(acc_t))}, options.dtype(at::kByte));
+    partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
+  }
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many columns for one launch");
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));
+  const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(by));
+  if (four) {
+    column_kernel<kFour, scalar_t, acc_t><<<grid, block, 0, stream>>>(in, outer, K, N, rows_per_split, partial_ptr, out,
+                                                                      op, project);
+  } else {
+    column_kernel<1, scalar_t, acc_t><<<grid, block, 0, stream>>>(in, outer, K, N, rows_per_split, partial_ptr, out,
+                                                                  op, project);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (splits > 1) launch_fold_splits<acc_t>(partials, outer * N, splits, out, op, project, stream);
+}
+
+// ---------------------------------------------------------------------------------------- the ops ----
+
+void launch_cuda(Reduction r, const ReduceProblem& p, const at::Tensor& out) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  TORCH_REDUCE_DISPATCH(p.input.scalar_type(), "torch_reduce dim reduction", [&] {
+    using acc_t = acc_type<scalar_t>;
+    with_reduction<scalar_t>(r, p.reduced, [&](auto op, auto project) {
+      using out_t = kernel_out_t<scalar_t, decltype(op)>;
+      const scalar_t* in = p.input.const_data_ptr<scalar_t>();
+      out_t* result = out.mutable_data_ptr<out_t>();
+      if (p.outer * p.inner == 1) {
+        launch_device_reduce<kBlock, scalar_t, acc_t>(in, p.reduced, result, op, project, true, out.device());
+      } else if (p.inner == 1) {
+        launch_rows<scalar_t, acc_t>(in, p.outer, p.reduced, result, op, project, out.options(), stream);
+      } else {
+        launch_columns<scalar_t, acc_t>(in, p.outer, p.reduced, p.inner, result, op, project, out.options(), stream);
+      }
+    });
+  });
+}
+
+at::Tensor sum_cuda(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype) {
+  const c10::cuda::CUDAGuard guard(self.device());
+  return reduce_dims(Reduction::Sum, self, dim, keepdim, dtype, &launch_cuda);
+}
+at::Tensor mean_cuda(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype) {
+  const c10::cuda::CUDAGuard guard(self.device());
+  return reduce_dims(Reduction::Mean, self, dim, keepdim, dtype, &launch_cuda);
+}
+at::Tensor amax_cuda(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  const c10::cuda::CUDAGuard guard(self.device());
+  return reduce_dims(Reduction::Amax, self, dim, keepdim, std::nullopt, &launch_cuda);
+}
+at::Tensor amin_cuda(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  const c10::cuda::CUDAGuard guard(self.device());
+  return reduce_dims(Reduction::Amin, self, dim, keepdim, std::nullopt, &launch_cuda);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reduce, CUDA, m) {
+  m.impl("sum", &sum_cuda);
+  m.impl("mean", &mean_cuda);
+  m.impl("amax", &amax_cuda);
+  m.impl("amin", &amin_cuda);
+}
+
+}  // namespace torch_reduce::cuda

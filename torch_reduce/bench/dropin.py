@@ -1,0 +1,257 @@
+"""Drop-in section: torch_reduce.sum/mean/amax/amin against torch (and CUB through CuPy), one run:
+
+(a) float32 full sum, n = 2^10..2^30: plain launches, and CUDA-graph replay up to 2^22;
+(b) full sums of other dtypes at 2^28;   (c) sum over dim=-1 and dim=0 of (M, N) float32;
+(d) amax, amin, mean at 2^28;           (e) accuracy of a float32 sum of 2^28 normals against float64;
+(f) determinism: repeated runs give the same bits.
+GB/s counts the bytes read once. Writes dropin.json, dropin.md and dropin_full_sum.png.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from tqdm import tqdm
+
+import torch_reduce
+
+from .context import Context
+from .timing import gbps, pool_rotation, rotation, time_graph, time_launches
+
+FULL_SUM_EXPONENTS = range(10, 31)
+GRAPH_MAX_EXPONENT = 22  # graph replay where launch overhead matters
+GRAPH_CALLS = 512  # calls per captured graph (capturing thousands of tiny calls costs more than it tells)
+DTYPE_EXPONENT = 28
+MATRIX_SHAPES = [(8192, 1024), (1024, 8192), (65536, 768), (768, 65536), (16384, 4096), (32, 2**24), (2**24, 32)]
+DTYPE_TARGETS = {torch.int32: 4.0, torch.int8: 10.0, torch.bool: 10.0, torch.float16: 1.1, torch.bfloat16: 1.1}
+SHORT_ROW_TARGET_GBPS = 3500.0  # (2^24, 32) dim=-1: torch reads it at ~600 GB/s
+ACCURACY_TARGET = 1e-6
+DETERMINISM_RUNS = 100
+
+
+@dataclass
+class Row:
+    impl: str
+    ms: float
+    gbps: float
+
+
+def _cupy():
+    """CuPy with CUB's device reductions, or None."""
+    os.environ.setdefault("CUPY_ACCELERATORS", "cub")
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def _random(shape, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.rand(shape, device="cuda") < 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape, device="cuda", dtype=dtype)
+    return torch.randint(-100, 100, shape, device="cuda", dtype=dtype)
+
+
+def _inputs(shape, dtype: torch.dtype, pool: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    """Inputs rotated past the L2: views of one pool when they are small, else separate tensors."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    if pool is not None and pool.dtype == dtype and numel * 64 <= pool.numel():
+        return pool_rotation(pool, shape)
+    return rotation(lambda: _random(shape, dtype), numel * torch.empty((), dtype=dtype).element_size())
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+class Section:
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.records: list[dict] = []
+        self.out: list[str] = []
+        self.cupy = _cupy()
+
+    def measure(self, fn: Callable, inputs, nbytes: int, mode: str, **record) -> Row:
+        t = time_graph(fn, inputs, calls_per_graph=min(len(inputs), GRAPH_CALLS)) if mode == "graph" \
+            else time_launches(fn, inputs)
+        row = Row(record["impl"], t.median_ms, gbps(nbytes, t.median_ms))
+        self.records.append({**record, "mode": mode, "median_ms": row.ms, "gbps": row.gbps,
+                             "pct_line": self.ctx.pct_of_line(row.gbps)})
+        self.bar.update()
+        return row
+
+    def pct(self, value: float) -> str:
+        return f"{self.ctx.pct_of_line(value):.0f}%"
+
+    # -------------------------------------------------------------------------------- (a) ----
+    def full_sum(self, exponents) -> dict:
+        pool = torch.randn(2**26, device="cuda")
+        series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        lines = ["### (a) float32 full sum", "",
+                 "| n | mode | torch GB/s | CUB GB/s | ours GB/s | ours % line | ours / torch | ours / CUB |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for e in exponents:
+            n = 2**e
+            inputs = _inputs((n,), torch.float32, pool)
+            modes = ["launch"] + (["graph"] if e <= GRAPH_MAX_EXPONENT else [])
+            for mode in modes:
+                common = dict(op="sum", dtype="float32", n=n, dim=None)
+                torch_row = self.measure(torch.sum, inputs, 4 * n, mode, impl="torch", **common)
+                cub_row = None
+                if self.cupy is not None and mode == "launch":  # CuPy allocates temp storage: no capture
+                    arrays = [self.cupy.asarray(t) for t in inputs]
+                    cub_row = self.measure(lambda a: a.sum(), arrays, 4 * n, mode, impl="cub", **common)
+                ours_row = self.measure(torch_reduce.sum, inputs, 4 * n, mode, impl="torch_reduce", **common)
+                for row in (torch_row, cub_row, ours_row):
+                    if row is not None:
+                        series.setdefault((row.impl, mode), []).append((n, row.gbps))
+                cub = f"{cub_row.gbps:.0f}" if cub_row else "-"
+                vs_cub = f"{ours_row.gbps / cub_row.gbps:.2f}" if cub_row else "-"
+                lines.append(f"| 2^{e} | {mode} | {torch_row.gbps:.0f} | {cub} | {ours_row.gbps:.0f} | "
+                             f"{self.pct(ours_row.gbps)} | {ours_row.gbps / torch_row.gbps:.2f} | {vs_cub} |")
+            del inputs
+        self.out += lines + [""]
+        return series
+
+    # -------------------------------------------------------------------------------- (b) ----
+    def dtypes(self, exponent: int) -> None:
+        n = 2**exponent
+        lines = [f"### (b) full sum by dtype, n = 2^{exponent}", "",
+                 "| dtype | torch GB/s | ours GB/s | ours % line | ours / torch | target | |", "|---|---|---|---|---|---|---|"]
+        for dtype, target in DTYPE_TARGETS.items():
+            inputs = _inputs((n,), dtype, None)
+            nbytes = n * inputs[0].element_size()
+            common = dict(op="sum", dtype=str(dtype).removeprefix("torch."), n=n, dim=None)
+            theirs = self.measure(torch.sum, inputs, nbytes, "launch", impl="torch", **common)
+            mine = self.measure(torch_reduce.sum, inputs, nbytes, "launch", impl="torch_reduce", **common)
+            ratio = mine.gbps / theirs.gbps
+            lines.append(f"| {common['dtype']} | {theirs.gbps:.0f} | {mine.gbps:.0f} | {self.pct(mine.gbps)} | "
+                         f"{ratio:.2f} | >= {target}x | {_verdict(ratio >= target)} |")
+            del inputs
+        self.out += lines + [""]
+
+    # -------------------------------------------------------------------------------- (c) ----
+    def matrices(self, shapes) -> None:
+        lines = ["### (c) float32 sum over one dim of (M, N)", "",
+                 "| shape | dim | torch GB/s | ours GB/s | ours % line | ours / torch | target | |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for shape in shapes:
+            inputs = _inputs(shape, torch.float32, None)
+            nbytes = 4 * shape[0] * shape[1]
+            for dim in (-1, 0):
+                common = dict(op="sum", dtype="float32", shape=list(shape), dim=dim)
+                theirs = self.measure(lambda x: torch.sum(x, dim), inputs, nbytes, "launch", impl="torch", **common)
+                mine = self.measure(lambda x: torch_reduce.sum(x, dim), inputs, nbytes, "launch",
+                                    impl="torch_reduce", **common)
+                ok = mine.gbps >= theirs.gbps
+                target = ">= torch"
+                if shape == (2**24, 32) and dim == -1:
+                    ok, target = ok and mine.gbps >= SHORT_ROW_TARGET_GBPS, f">= torch, >= {SHORT_ROW_TARGET_GBPS:.0f}"
+                lines.append(f"| {shape} | {dim} | {theirs.gbps:.0f} | {mine.gbps:.0f} | {self.pct(mine.gbps)} | "
+                             f"{mine.gbps / theirs.gbps:.2f} | {target} | {_verdict(ok)} |")
+            del inputs
+        self.out += lines + [""]
+
+    # -------------------------------------------------------------------------------- (d) ----
+    def other_ops(self, exponent: int) -> None:
+        n = 2**exponent
+        inputs = _inputs((n,), torch.float32, None)
+        lines = [f"### (d) float32 full amax, amin, mean, n = 2^{exponent}", "",
+                 "| op | torch GB/s | ours GB/s | ours % line | ours / torch | |", "|---|---|---|---|---|---|"]
+        for name in ("amax", "amin", "mean"):
+            common = dict(op=name, dtype="float32", n=n, dim=None)
+            theirs = self.measure(getattr(torch, name), inputs, 4 * n, "launch", impl="torch", **common)
+            mine = self.measure(getattr(torch_reduce, name), inputs, 4 * n, "launch", impl="torch_reduce", **common)
+            lines.append(f"| {name} | {theirs.gbps:.0f} | {mine.gbps:.0f} | {self.pct(mine.gbps)} | "
+                         f"{mine.gbps / theirs.gbps:.2f} | {_verdict(mine.gbps >= theirs.gbps)} |")
+        self.out += lines + [""]
+
+    # -------------------------------------------------------------------------------- (e) ----
+    def accuracy(self, exponent: int) -> None:
+        x = torch.randn(2**exponent, device="cuda")
+        exact = x.double().sum().item()
+        lines = [f"### (e) accuracy: float32 sum of 2^{exponent} normals vs float64", "",
+                 "| impl | sum | relative error | target | |", "|---|---|---|---|---|"]
+        for impl, fn in (("torch", torch.sum), ("torch_reduce", torch_reduce.sum)):
+            got = fn(x).item()
+            error = abs(got - exact) / abs(exact)
+            self.records.append({"op": "sum", "dtype": "float32", "n": x.numel(), "dim": None, "mode": "accuracy",
+                                 "impl": impl, "relative_error": error})
+            verdict = _verdict(error <= ACCURACY_TARGET) if impl == "torch_reduce" else ""
+            lines.append(f"| {impl} | {got:.6f} | {error:.2e} | <= {ACCURACY_TARGET:.0e} | {verdict} |")
+        self.bar.update()
+        self.out += lines + [""]
+
+    # -------------------------------------------------------------------------------- (f) ----
+    def determinism(self, runs: int) -> None:
+        cases = [((2**26,), ()), ((2**20, 32), 0), ((2**20, 32), -1), ((32, 2**20), -1), ((8192, 1024), 0)]
+        lines = [f"### (f) determinism: {runs} runs, bitwise", "", "| op | shape | dim | |", "|---|---|---|---|"]
+        for shape, dim in cases:
+            x = torch.randn(shape, device="cuda")
+            for name in ("sum", "mean", "amax", "amin"):
+                op = getattr(torch_reduce, name)
+                first = op(x, dim)
+                same = all(torch.equal(first, op(x, dim)) for _ in range(runs))
+                self.records.append({"op": name, "dtype": "float32", "shape": list(shape), "dim": dim,
+                                     "mode": "determinism", "impl": "torch_reduce", "runs": runs, "bitwise_equal": same})
+                lines.append(f"| {name} | {tuple(shape)} | {dim} | {_verdict(same)} |")
+        self.bar.update()
+        self.out += lines + [""]
+
+
+def _plot(series: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (impl, mode), points in sorted(series.items()):
+        ns, values = zip(*points)
+        ax.plot(ns, values, marker="o", markersize=3, label=f"{impl} ({mode})",
+                linestyle="-" if mode == "launch" else "--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("float32 elements")
+    ax.set_ylabel("GB/s (bytes read / time)")
+    ax.set_title("Full float32 sum")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(ctx: Context) -> str:
+    quick = ctx.quick
+    exponents = [10, 16, 20, 24, 26] if quick else list(FULL_SUM_EXPONENTS)
+    dtype_exponent = 24 if quick else DTYPE_EXPONENT
+    shapes = [(8192, 1024), (2**20, 32)] if quick else MATRIX_SHAPES
+    runs = 10 if quick else DETERMINISM_RUNS
+    section = Section(ctx)
+
+    graph_sizes = sum(1 for e in exponents if e <= GRAPH_MAX_EXPONENT)
+    per_size = 3 if section.cupy is not None else 2
+    total = per_size * len(exponents) + 2 * graph_sizes + 2 * len(DTYPE_TARGETS) + 4 * len(shapes) + 6 + 2
+    section.bar = tqdm(total=total, desc="dropin", leave=False)
+    header = [f"## Drop-in reductions (line: {ctx.line_gbps:.0f} GB/s" + (", quick)" if quick else ")"), ""]
+    if section.cupy is None:
+        header += ["CuPy is not installed: the CUB column is left out.", ""]
+    series = section.full_sum(exponents)
+    section.dtypes(dtype_exponent)
+    section.matrices(shapes)
+    section.other_ops(dtype_exponent)
+    section.accuracy(dtype_exponent)
+    section.determinism(runs)
+    section.bar.close()
+
+    ctx.write_json("dropin", section.records)
+    _plot(series, ctx.out_dir / "dropin_full_sum.png")
+    text = "\n".join(header + section.out)
+    ctx.write_text("dropin.md", text)
+    return text
