@@ -38,15 +38,39 @@ int64_t next_power_of_two(int64_t v) {
 // G lanes per row, 32 / G rows per warp; each lane folds its share of the row with thread_reduce (16-byte
 // loads on the row's aligned body, single loads for the few elements around it). Whole warps iterate
 // together, so every lane reaches the shuffles even past the last row.
+// one_vector_per_lane: every row is exactly G aligned 16-byte vectors (K = 32 floats, G = 8), so the rows
+// are one run of vectors; each lane then loads one vector of kRowSets rows before folding any, which
+// keeps kRowSets loads in flight per thread where the short rows would otherwise allow one.
 template <unsigned G, typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
 __global__ void __launch_bounds__(kBlock)
-    row_group_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t K, out_t* __restrict__ out, Op op,
-                     Project project) {
+    row_group_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t K, bool one_vector_per_lane,
+                     out_t* __restrict__ out, Op op, Project project) {
   constexpr int64_t kRowsPerWarp = kWarpSize / G;
+  constexpr int kRowSets = 4;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x) / kWarpSize;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kBlock / kWarpSize);
   const unsigned lane = threadIdx.x % G;
   const int64_t group_in_warp = (threadIdx.x % kWarpSize) / G;
+  if (one_vector_per_lane) {
+    using V = Vec16<scalar_t>;
+    const V* vectors = reinterpret_cast<const V*>(in);
+    for (int64_t first = warp * kRowsPerWarp * kRowSets; first < rows; first += warps * kRowsPerWarp * kRowSets) {
+      V v[kRowSets];
+#pragma unroll
+      for (int u = 0; u < kRowSets; ++u) {
+        const int64_t row = first + u * kRowsPerWarp + group_in_warp;
+        if (row < rows) v[u] = load_vector(vectors + row * G + lane);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowSets; ++u) {
+        const int64_t row = first + u * kRowsPerWarp + group_in_warp;
+        acc_t a = row < rows ? fold_vector<acc_t>(v[u], op) : Op::identity();
+        a = warp_reduce<G>(a, op);
+        if (lane == 0 && row < rows) out[row] = static_cast<out_t>(project(a));
+      }
+    }
+    return;
+  }
   for (int64_t first = warp * kRowsPerWarp; first < rows; first += warps * kRowsPerWarp) {
     const int64_t row = first + group_in_warp;
     acc_t v = row < rows ? thread_reduce<acc_t>(in + row * K, K, lane, G, op) : Op::identity();
@@ -123,11 +147,14 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Op op,
   if (vectors <= kMaxGroupRowVectors) {
     // One vector per lane up to 32 lanes (K = 32 floats: 8 lanes, 4 rows per warp); then more per lane.
     const int64_t lanes = std::min<int64_t>(kWarpSize, next_power_of_two(vectors));
+    const bool one_vector_per_lane =
+        K == lanes * kVector && reinterpret_cast<uintptr_t>(in) % sizeof(Vec16<scalar_t>) == 0;
     with_lanes_per_row(lanes, [&](auto g) {
       constexpr unsigned G = decltype(g)::value;
       const int64_t rows_per_block = kBlock / G;
       const int64_t grid = std::min(ceil_div(rows, rows_per_block), resident_blocks * 32);
-      row_group_kernel<G, scalar_t, acc_t><<<grid, kBlock, 0, stream>>>(in, rows, K, out, op, project);
+      row_group_kernel<G, scalar_t, acc_t>
+          <<<grid, kBlock, 0, stream>>>(in, rows, K, one_vector_per_lane, out, op, project);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     return;

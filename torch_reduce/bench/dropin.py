@@ -71,11 +71,14 @@ def _verdict(ok: bool) -> str:
 
 
 class Section:
-    def __init__(self, ctx: Context):
+    """The measurements, their records and Markdown lines, and the progress bar over them."""
+
+    def __init__(self, ctx: Context, cupy, measurements: int):
         self.ctx = ctx
+        self.cupy = cupy
         self.records: list[dict] = []
         self.out: list[str] = []
-        self.cupy = _cupy()
+        self.bar = tqdm(total=measurements, desc="dropin", leave=False)
 
     def measure(self, fn: Callable, inputs, nbytes: int, mode: str, **record) -> Row:
         t = time_graph(fn, inputs, calls_per_graph=min(len(inputs), GRAPH_CALLS)) if mode == "graph" \
@@ -233,12 +236,11 @@ def run(ctx: Context) -> str:
     dtype_exponent = 24 if quick else DTYPE_EXPONENT
     shapes = [(8192, 1024), (2**20, 32)] if quick else MATRIX_SHAPES
     runs = 10 if quick else DETERMINISM_RUNS
-    section = Section(ctx)
-
+    cupy = _cupy()
     graph_sizes = sum(1 for e in exponents if e <= GRAPH_MAX_EXPONENT)
-    per_size = 3 if section.cupy is not None else 2
-    total = per_size * len(exponents) + 2 * graph_sizes + 2 * len(DTYPE_TARGETS) + 4 * len(shapes) + 6 + 2
-    section.bar = tqdm(total=total, desc="dropin", leave=False)
+    per_size = 3 if cupy is not None else 2
+    measurements = per_size * len(exponents) + 2 * graph_sizes + 2 * len(DTYPE_TARGETS) + 4 * len(shapes) + 6 + 2
+    section = Section(ctx, cupy, measurements)
     header = [f"## Drop-in reductions (line: {ctx.line_gbps:.0f} GB/s" + (", quick)" if quick else ")"), ""]
     if section.cupy is None:
         header += ["CuPy is not installed: the CUB column is left out.", ""]
