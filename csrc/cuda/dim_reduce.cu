@@ -11,6 +11,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+
 #include "common/dispatch.h"
 #include "cuda/block_reduce.cuh"
 #include "cuda/full_reduce.cuh"
@@ -20,12 +25,39 @@ namespace torch_reduce::cuda {
 namespace {
 
 constexpr unsigned kBlock = 256;
-// Threads the H200-class GPUs keep resident per multiprocessor: the grid sizes below aim to fill them.
-constexpr int64_t kResidentBlocksPerSm = 2048 / kBlock;
 
 int64_t multiprocessors() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// How many blocks of `kernel` (kBlock threads) the GPU runs at once: one wave.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, int> blocks_per_sm;  // per kernel: kernels may share a signature
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = blocks_per_sm.find(reinterpret_cast<const void*>(kernel));
+  if (it == blocks_per_sm.end()) {
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kBlock, 0));
+    it = blocks_per_sm.emplace(reinterpret_cast<const void*>(kernel), std::max(blocks, 1)).first;
+  }
+  return it->second * multiprocessors();
+}
+
+// Into how many splits to cut the reduced extent when `blocks` blocks cover the outputs once. Equal
+// blocks finish in waves of `resident`: the time goes as ceil(blocks * s / resident) / s, so (8192, 1024)
+// over dim 0, 8 blocks, gets a whole wave's worth of splits, and 1.2 waves of blocks get 5 splits (1.2
+// waves, not 2). The fewest splits within 2% of the best; at most max_splits (work per thread).
+int64_t choose_splits(int64_t blocks, int64_t resident, int64_t max_splits) {
+  const int64_t limit = std::min<int64_t>({max_splits, 65535, std::max<int64_t>(64, 4 * ceil_div(resident, blocks))});
+  const auto time = [&](int64_t s) { return static_cast<double>(ceil_div(blocks * s, resident)) / static_cast<double>(s); };
+  double best_time = time(1);
+  for (int64_t s = 2; s <= limit; ++s) best_time = std::min(best_time, time(s));
+  int64_t s = 1;
+  while (time(s) > 1.02 * best_time) ++s;
+  return s;
+}
 
 int64_t next_power_of_two(int64_t v) {
   int64_t p = 1;
@@ -114,7 +146,7 @@ __global__ void __launch_bounds__(kBlock)
 template <typename acc_t, typename out_t, typename Op, typename Project>
 void launch_fold_splits(const at::Tensor& partials, int64_t outputs, int64_t splits, out_t* out, Op op,
                         Project project, cudaStream_t stream) {
-  const int64_t grid = std::min(ceil_div(outputs, kBlock), multiprocessors() * kResidentBlocksPerSm);
+  const int64_t grid = std::min(ceil_div(outputs, kBlock), multiprocessors() * int64_t(2048 / kBlock));
   fold_splits_kernel<<<grid, kBlock, 0, stream>>>(reinterpret_cast<const acc_t*>(partials.const_data_ptr()), outputs,
                                                   splits, out, op, project);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -143,7 +175,6 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Op op,
                  const at::TensorOptions& options, cudaStream_t stream) {
   constexpr int64_t kVector = Vec16<scalar_t>::kSize;
   const int64_t vectors = ceil_div(K, kVector);
-  const int64_t resident_blocks = multiprocessors() * kResidentBlocksPerSm;
   if (vectors <= kMaxGroupRowVectors) {
     // One vector per lane up to 32 lanes (K = 32 floats: 8 lanes, 4 rows per warp); then more per lane.
     const int64_t lanes = std::min<int64_t>(kWarpSize, next_power_of_two(vectors));
@@ -151,20 +182,18 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Op op,
         K == lanes * kVector && reinterpret_cast<uintptr_t>(in) % sizeof(Vec16<scalar_t>) == 0;
     with_lanes_per_row(lanes, [&](auto g) {
       constexpr unsigned G = decltype(g)::value;
-      const int64_t rows_per_block = kBlock / G;
-      const int64_t grid = std::min(ceil_div(rows, rows_per_block), resident_blocks * 32);
-      row_group_kernel<G, scalar_t, acc_t>
-          <<<grid, kBlock, 0, stream>>>(in, rows, K, one_vector_per_lane, out, op, project);
+      auto kernel = row_group_kernel<G, scalar_t, acc_t, out_t, Op, Project>;
+      const int64_t grid = std::min(ceil_div(rows, kBlock / G), resident_blocks(kernel) * 32);  // grid-stride beyond
+      kernel<<<grid, kBlock, 0, stream>>>(in, rows, K, one_vector_per_lane, out, op, project);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     return;
   }
-  // Few long rows (32 x 2^24) cannot fill the GPU one block per row: split them.
-  int64_t splits = 1;
-  if (rows < resident_blocks) {
-    splits = std::min(ceil_div(resident_blocks, rows), std::max<int64_t>(1, vectors / (kBlock * kMinVectorsPerThread)));
-    splits = std::min<int64_t>(splits, 65535);
-  }
+  // One block per row; few long rows (32 x 2^24) cannot fill the GPU that way: split them too.
+  auto kernel = row_block_kernel<scalar_t, acc_t, out_t, Op, Project>;
+  const int64_t row_blocks = std::min<int64_t>(rows, std::numeric_limits<int32_t>::max());
+  int64_t splits = choose_splits(row_blocks, resident_blocks(kernel),
+                                 std::max<int64_t>(1, vectors / (kBlock * kMinVectorsPerThread)));
   const int64_t chunk = ceil_div(vectors, splits) * kVector;  // whole vectors: every split starts aligned
   splits = ceil_div(K, chunk);
   at::Tensor partials;
@@ -173,8 +202,8 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Op op,
     partials = at::empty({splits * rows * static_cast<int64_t>(sizeof(acc_t))}, options.dtype(at::kByte));
     partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
   }
-  const dim3 grid(static_cast<unsigned>(std::min(rows, resident_blocks * 32)), static_cast<unsigned>(splits));
-  row_block_kernel<scalar_t, acc_t><<<grid, kBlock, 0, stream>>>(in, rows, K, chunk, partial_ptr, out, op, project);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
+  kernel<<<grid, kBlock, 0, stream>>>(in, rows, K, chunk, partial_ptr, out, op, project);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (splits > 1) launch_fold_splits<acc_t>(partials, rows, splits, out, op, project, stream);
 }
@@ -260,12 +289,10 @@ void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out
   const int64_t groups = outer * N / (four ? kFour : 1);
   const int64_t bx = std::min<int64_t>(kWarpSize, next_power_of_two(groups)), by = kBlock / bx;
   const int64_t blocks = ceil_div(groups, bx);
-  const int64_t resident_blocks = multiprocessors() * kResidentBlocksPerSm;
-  int64_t splits = 1;
-  if (blocks < resident_blocks) {
-    splits = std::min(ceil_div(resident_blocks, blocks), std::max<int64_t>(1, K / (by * kMinRowsPerThread)));
-    splits = std::min<int64_t>(splits, 65535);
-  }
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many columns for one launch");
+  auto kernel = four ? column_kernel<kFour, scalar_t, acc_t, out_t, Op, Project>
+                     : column_kernel<1, scalar_t, acc_t, out_t, Op, Project>;
+  int64_t splits = choose_splits(blocks, resident_blocks(kernel), std::max<int64_t>(1, K / (by * kMinRowsPerThread)));
   const int64_t rows_per_split = ceil_div(K, splits);
   splits = ceil_div(K, rows_per_split);
   at::Tensor partials;
@@ -274,16 +301,9 @@ void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out
     partials = at::empty({splits * outer * N * static_cast<int64_t>(sizeof(acc_t))}, options.dtype(at::kByte));
     partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
   }
-  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many columns for one launch");
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));
   const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(by));
-  if (four) {
-    column_kernel<kFour, scalar_t, acc_t><<<grid, block, 0, stream>>>(in, outer, K, N, rows_per_split, partial_ptr, out,
-                                                                      op, project);
-  } else {
-    column_kernel<1, scalar_t, acc_t><<<grid, block, 0, stream>>>(in, outer, K, N, rows_per_split, partial_ptr, out,
-                                                                  op, project);
-  }
+  kernel<<<grid, block, 0, stream>>>(in, outer, K, N, rows_per_split, partial_ptr, out, op, project);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (splits > 1) launch_fold_splits<acc_t>(partials, outer * N, splits, out, op, project, stream);
 }
