@@ -134,13 +134,18 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, at::OptionalIntArray
   at::Tensor out = at::empty({outputs}, x.options().dtype(kernel_result_type(r, x.scalar_type())));
   launch(r, layout.problem, out);
 
-  // The kernel wrote the kept dims in layout.kept_order; return them in the input's order, contiguous.
-  std::vector<int64_t> written_sizes;
-  for (int64_t d : layout.kept_order) written_sizes.push_back(x.size(d));
-  std::vector<int64_t> by_dim(layout.kept_order.size());
-  std::iota(by_dim.begin(), by_dim.end(), 0);
-  std::sort(by_dim.begin(), by_dim.end(), [&](int64_t a, int64_t b) { return layout.kept_order[a] < layout.kept_order[b]; });
-  at::Tensor result = out.view(written_sizes).permute(by_dim).contiguous().view(out_shape);
+  // The kernel wrote the kept dims in layout.kept_order; return them in the input's order, contiguous
+  // (a copy only when that order differs, e.g. a permuted input keeping several dims).
+  at::Tensor result = out.view(out_shape);
+  if (!std::is_sorted(layout.kept_order.begin(), layout.kept_order.end())) {
+    std::vector<int64_t> written_sizes;
+    for (int64_t d : layout.kept_order) written_sizes.push_back(x.size(d));
+    std::vector<int64_t> by_dim(layout.kept_order.size());
+    std::iota(by_dim.begin(), by_dim.end(), 0);
+    std::sort(by_dim.begin(), by_dim.end(),
+              [&](int64_t a, int64_t b) { return layout.kept_order[a] < layout.kept_order[b]; });
+    result = out.view(written_sizes).permute(by_dim).contiguous().view(out_shape);
+  }
   return result.scalar_type() == out_type ? result : result.to(out_type);
 }
 
