@@ -56,7 +56,7 @@ at::Tensor ladder_sum_cpu(const at::Tensor& t, int64_t block_size) {
   const at::Tensor x = ladder_input(t, block_size, op);
   const int64_t n = x.numel();
   const auto out_type = sum_result_type(t.scalar_type());
-  if (n == 0) return at::zeros({}, t.options().dtype(out_type));
+  if (n == 0) return at::zeros(at::IntArrayRef{}, t.options().dtype(out_type));
   at::Tensor result;
   TORCH_REDUCE_DISPATCH(t.scalar_type(), "reduce ladder", [&] {
     using acc_t = acc_type<scalar_t>;
