@@ -125,12 +125,7 @@ void launch_ladder_pass(Ladder variant, const in_t* in, int64_t n, acc_t* partia
 
 template <Ladder kVariant>
 at::Tensor ladder_sum_cuda(const at::Tensor& t, int64_t block_size) {
-  constexpr const char* kNames[] = {
-#define TORCH_REDUCE_NAME(name, variant) "reduce::" #name,
-      TORCH_REDUCE_LADDER(TORCH_REDUCE_NAME)
-#undef TORCH_REDUCE_NAME
-  };
-  const char* op = kNames[static_cast<int>(kVariant)];
+  const char* op = ladder_op_name(kVariant);
   TORCH_CHECK(t.is_cuda(), op, ": expected a CUDA tensor, got one on ", t.device());
   const c10::cuda::CUDAGuard guard(t.device());
   const at::Tensor x = ladder_input(t, block_size, op);
