@@ -22,6 +22,16 @@ enum class Ladder {
 #undef TORCH_REDUCE_ENUM
 };
 
+// "reduce::sum_seq" and so on, for messages and dispatcher look-ups.
+inline const char* ladder_op_name(Ladder v) {
+  static const char* const kNames[] = {
+#define TORCH_REDUCE_NAME(name, variant) "reduce::" #name,
+      TORCH_REDUCE_LADDER(TORCH_REDUCE_NAME)
+#undef TORCH_REDUCE_NAME
+  };
+  return kNames[static_cast<int>(v)];
+}
+
 // Elements each thread loads in the first pass of the shared-memory variants (REDUCE-3 on: two).
 inline int64_t loads_per_thread(Ladder v) {
   return (v == Ladder::Interleaved || v == Ladder::Strided || v == Ladder::Sequential) ? 1 : 2;

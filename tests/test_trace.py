@@ -25,6 +25,11 @@ def per_instruction(step):
             for instruction in step.instructions]
 
 
+def busy(step):
+    """per_instruction, leaving out the warps that issued the instruction with every lane predicated off."""
+    return [row for row in per_instruction(step) if row[1]]
+
+
 # ---- REDUCE-1: index = 2*s*tid ---------------------------------------------------------------------------------
 
 def test_strided_256_per_step():
@@ -36,7 +41,8 @@ def test_strided_256_per_step():
     #   s=8:  16 lanes, stride 16: 16/2 -> 8-way
     #   s=16:  8 lanes, stride 32:  8/1 -> 8-way (all in bank 0)
     #   s=32: 4 lanes -> 4-way;  s=64: 2 lanes -> 2-way;  s=128: 1 lane -> conflict-free
-    # expected: s -> (warps issuing, active lanes in each, wavefronts = degree per instruction)
+    # expected: s -> (warps with active lanes, active lanes in each, wavefronts = degree per instruction).
+    # The body is predicated, so the other warps of the 8 issue it too, with no lane and no wavefront.
     expected = {1: (4, 32, 2), 2: (2, 32, 4), 4: (1, 32, 8), 8: (1, 16, 8), 16: (1, 8, 8), 32: (1, 4, 4),
                 64: (1, 2, 2), 128: (1, 1, 1)}
     block_trace = trace("sum_strided", 256)
@@ -45,20 +51,21 @@ def test_strided_256_per_step():
         assert [row.stride for row in rows] == [1, 2, 4, 8, 16, 32, 64, 128]
         for row in rows:
             warps, lanes, degree = expected[row.stride]
-            assert per_instruction(row) == [(warp, lanes, degree) for warp in range(warps)]
+            assert per_instruction(row) == [(w, lanes, degree) if w < warps else (w, 0, 0) for w in range(8)]
             assert row.degree == degree
 
 
 def test_strided_256_totals():
     block_trace = trace("sum_strided", 256)
-    # Tree loads, 2 per warp and step, wavefronts = warps x 2 x degree from the table above:
+    # Tree loads, 2 per busy warp and step, wavefronts = busy warps x 2 x degree from the table above:
     #   s=1: 4x2x2=16, s=2: 2x2x4=16, s=4..16: 1x2x8=16 each, s=32: 8, s=64: 4, s=128: 2 -> 94 wavefronts,
-    #   8+4+2+2+2+2+2+2 = 24 instructions; + the result read sdata[0] by thread 0: 95 and 25 (ideal 25).
-    assert (block_trace.load_instructions, block_trace.load_wavefronts, block_trace.load_conflicts) == (25, 95, 70)
-    # Stores: half of the tree loads (47 wavefronts, 12 instructions) + `sdata[tid] = x`, 8 warps x 1.
-    assert (block_trace.store_instructions, block_trace.store_wavefronts, block_trace.store_conflicts) == (20, 55, 35)
+    #   ideal 8+4+2+2+2+2+2+2 = 24; + the result read sdata[0] by thread 0: 95 wavefronts, 25 ideal.
+    # Instructions: predicated, so 8 warps x 2 loads x 8 steps + the result read = 129.
+    assert (block_trace.load_instructions, block_trace.load_wavefronts, block_trace.load_conflicts) == (129, 95, 70)
+    # Stores: half of the tree loads (47 wavefronts, ideal 12, 64 instructions) + `sdata[tid] = x`, 8 warps x 1.
+    assert (block_trace.store_instructions, block_trace.store_wavefronts, block_trace.store_conflicts) == (72, 55, 35)
     # Active lanes: the store of x 256, each tree row 128+64+..+1 = 255 (x3), the result read 1.
-    assert block_trace.mean_active_lanes == pytest.approx((256 + 3 * 255 + 1) / 45)
+    assert block_trace.mean_active_lanes == pytest.approx((256 + 3 * 255 + 1) / 201)
 
 
 def test_strided_first_step_is_the_lessons_two_way_conflict():
@@ -70,19 +77,31 @@ def test_strided_first_step_is_the_lessons_two_way_conflict():
 def test_strided_1024_reaches_32_way():
     rows = {row.stride: row for row in tree_rows(trace("sum_strided", 1024), "load", "sdata[2*s*tid]")}
     # s=8: 64 threads = warps 0-1, stride 16 -> gcd 16; s=16: 32 threads = warp 0, stride 32 -> one bank.
-    assert per_instruction(rows[8]) == [(0, 32, 16), (1, 32, 16)]
-    assert per_instruction(rows[16]) == [(0, 32, 32)]
+    assert busy(rows[8]) == [(0, 32, 16), (1, 32, 16)]
+    assert busy(rows[16]) == [(0, 32, 32)]
     # s=32: 16 lanes, stride 64 -> all in bank 0.
-    assert per_instruction(rows[32]) == [(0, 16, 16)]
+    assert busy(rows[32]) == [(0, 16, 16)]
 
 
 def test_strided_with_doubles_conflicts_per_half_warp():
     rows = {row.stride: row for row in tree_rows(trace("sum_strided", 256, dtype_bytes=8), "load", "sdata[2*s*tid]")}
     # s=1: lane i reads bytes 16i..16i+7, words 4i and 4i+1: within a half-warp lanes i and i+8 share two
     # banks -> 2 wavefronts per half-warp, 4 per warp, 2 of them extra.
-    assert [(i.access.wavefronts, i.access.ideal, i.access.degree) for i in rows[1].instructions] == [(4, 2, 2)] * 4
+    assert [(i.access.wavefronts, i.access.ideal, i.access.degree) for i in rows[1].instructions[:4]] == [(4, 2, 2)] * 4
     # s=128: one lane, one half-warp: 1 wavefront.
-    assert per_instruction(rows[128]) == [(0, 1, 1)]
+    assert busy(rows[128]) == [(0, 1, 1)]
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_strided_moves_interleaved_wavefronts_into_fewer_warps(block_size):
+    # Step s of both trees touches the same words, the multiples of 2s. REDUCE-0 spreads them over the warps
+    # (one conflict-free wavefront per warp holding one); REDUCE-1 packs them into the first warps, where
+    # they collide: the same number of wavefronts, now as bank conflicts.
+    interleaved, strided = trace("sum_interleaved", block_size), trace("sum_strided", block_size)
+    assert [row.wavefronts for row in interleaved.steps] == [row.wavefronts for row in strided.steps]
+    assert interleaved.load_conflicts == interleaved.store_conflicts == 0
+    # In a one-warp block every step's words fit in 32 consecutive words: no conflict there either.
+    assert (strided.load_conflicts > 0) == (block_size > 32)
 
 
 # ---- REDUCE-2: sequential addressing ---------------------------------------------------------------------------
@@ -93,17 +112,28 @@ def test_strided_with_doubles_conflicts_per_half_warp():
 def test_sequential_trees_are_conflict_free_on_every_step(variant, block_size, dtype_bytes):
     block_trace = trace(variant, block_size, dtype_bytes)
     for step in block_trace.steps:
-        assert step.conflicts == 0 and step.degree == 1, step.label
+        assert step.conflicts == 0 and step.degree <= 1, step.label  # 0: issued with no lane
     assert block_trace.load_conflicts == block_trace.store_conflicts == 0
 
 
 def test_sequential_256_per_step_and_totals():
     block_trace = trace("sum_seq", 256)
-    # tid < s: s=128 warps 0-3, s=64 warps 0-1, s<=32 warp 0 with s lanes; warps with no lane branch away.
+    # tid < s: s=128 warps 0-3, s=64 warps 0-1, s<=32 warp 0 with s lanes, one wavefront each; predicated,
+    # so all 8 warps issue every step.
     rows = tree_rows(block_trace, "load", "sdata[tid + s]")
-    assert [(row.stride, row.issued, row.active_lanes) for row in rows] == [
-        (128, 4, 128), (64, 2, 64), (32, 1, 32), (16, 1, 16), (8, 1, 8), (4, 1, 4), (2, 1, 2), (1, 1, 1)]
-    # Same instruction counts as REDUCE-1 (24 tree loads + 1, 12 tree stores + 8), one wavefront each.
+    assert [(row.stride, row.issued, row.active_lanes, row.wavefronts) for row in rows] == [
+        (128, 8, 128, 4), (64, 8, 64, 2), (32, 8, 32, 1), (16, 8, 16, 1), (8, 8, 8, 1), (4, 8, 4, 1), (2, 8, 2, 1),
+        (1, 8, 1, 1)]
+    # The instructions of REDUCE-0 and 1 (8 x 2 x 8 + 1 loads, 8 x 8 + 8 stores), a quarter of the wavefronts.
+    assert (block_trace.load_instructions, block_trace.load_wavefronts) == (129, 25)
+    assert (block_trace.store_instructions, block_trace.store_wavefronts) == (72, 20)
+    assert block_trace.mean_active_lanes == pytest.approx(1022 / 201)
+
+
+def test_sequential_256_if_branched_issues_only_busy_warps():
+    block_trace = trace("sum_seq", 256, guards="branch")
+    rows = tree_rows(block_trace, "load", "sdata[tid + s]")
+    assert [row.issued for row in rows] == [4, 2, 1, 1, 1, 1, 1, 1]
     assert (block_trace.load_instructions, block_trace.load_wavefronts) == (25, 25)
     assert (block_trace.store_instructions, block_trace.store_wavefronts) == (20, 20)
     assert block_trace.mean_active_lanes == pytest.approx(1022 / 45)
@@ -111,8 +141,8 @@ def test_sequential_256_per_step_and_totals():
 
 def test_sequential_with_doubles_takes_one_wavefront_per_active_half_warp():
     rows = {row.stride: row for row in tree_rows(trace("sum_seq", 256, dtype_bytes=8), "load", "sdata[tid]")}
-    assert [(i.access.wavefronts, i.access.ideal) for i in rows[128].instructions] == [(2, 2)] * 4
-    assert per_instruction(rows[16]) == [(0, 16, 1)]  # lanes 0-15: the second half-warp issues nothing
+    assert [(i.access.wavefronts, i.access.ideal) for i in rows[128].instructions[:4]] == [(2, 2)] * 4
+    assert busy(rows[16]) == [(0, 16, 1)]  # lanes 0-15: the second half-warp issues nothing
 
 
 # ---- REDUCE-0: interleaved addressing --------------------------------------------------------------------------
@@ -144,8 +174,8 @@ def test_guards_override_all_or_some_steps():
     one_step = trace("sum_interleaved", 256, guards={128: "branch"})
     assert [row.issued for row in tree_rows(one_step, "store")] == [8, 8, 8, 8, 8, 8, 8, 1]
     assert [row.guard for row in tree_rows(one_step, "store")] == ["predicated"] * 7 + ["branch"]
-    predicated = trace("sum_seq", 256, guards="predicated")
-    assert [row.issued for row in tree_rows(predicated, "store")] == [8] * 8
+    branched_seq = trace("sum_seq", 256, guards={128: "branch", 64: "branch"})
+    assert [row.issued for row in tree_rows(branched_seq, "store")] == [4, 2, 8, 8, 8, 8, 8, 8]
 
 
 # ---- REDUCE-4..6: last warp by shuffles ------------------------------------------------------------------------
@@ -154,13 +184,24 @@ def test_guards_override_all_or_some_steps():
 def test_last_warp_variants_stop_the_shared_tree_at_64(variant):
     block_trace = trace(variant, 256)
     assert [step.label for step in block_trace.steps] == ["store x"] + ["s=128"] * 3 + ["s=64"] * 3 + ["last warp"] * 2
-    # loads: (4 + 2) warps x 2 + warp 0 reading sdata[tid] and sdata[tid + 32]; stores: 8 + 4 + 2.
-    assert (block_trace.load_instructions, block_trace.load_wavefronts) == (14, 14)
-    assert (block_trace.store_instructions, block_trace.store_wavefronts) == (14, 14)
-    assert block_trace.mean_active_lanes == 32
+    # loads: 8 warps x 2 x 2 steps (busy: 4 + 2 warps, one wavefront each) + warp 0 reading sdata[tid] and
+    # sdata[tid + 32]; stores: 8 + 8 x 2 (busy: 8 + 4 + 2).
+    assert (block_trace.load_instructions, block_trace.load_wavefronts) == (34, 14)
+    assert (block_trace.store_instructions, block_trace.store_wavefronts) == (24, 14)
+    # lanes: loads 2 x (128 + 64) + 2 x 32, stores 256 + 128 + 64.
+    assert block_trace.mean_active_lanes == pytest.approx((448 + 448) / 58)
     assert [(s.label, s.operand) for s in trace(variant, 64).steps] == [
         ("store x", "sdata[tid]"), ("last warp", "sdata[tid]"), ("last warp", "sdata[tid + 32]")]
-    assert [(s.label, s.operand) for s in trace(variant, 32).steps] == [("store x", "sdata[tid]"), ("last warp", "sdata[tid]")]
+
+
+def test_one_warp_block_reads_sdata_tid_plus_32_only_with_a_run_time_block_size():
+    # sum_warp_unrolled tests blockDim.x > 32 at run time: a predicated load, issued with no lane.
+    steps = trace("sum_warp_unrolled", 32).steps
+    assert [(s.operand, s.issued, s.active_lanes, s.wavefronts) for s in steps[1:]] == [
+        ("sdata[tid]", 1, 32, 1), ("sdata[tid + 32]", 1, 0, 0)]
+    # sum_unrolled knows BLOCK == 32 at compile time: no such instruction.
+    assert [(s.label, s.operand) for s in trace("sum_unrolled", 32).steps] == [
+        ("store x", "sdata[tid]"), ("last warp", "sdata[tid]")]
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
@@ -199,10 +240,10 @@ def test_format_trace_has_a_row_per_step_and_the_totals():
     block_trace = trace("sum_strided", 256)
     lines = tr.format_trace(block_trace).splitlines()
     assert len(lines) == 2 + len(block_trace.steps) + 3
-    assert lines[3].split() == ["s=1", "load", "sdata[2*s*tid]", "branch", "4", "128", "8", "4", "4", "2-way"]
-    assert lines[-3] == "shared loads:  25 warp instructions, 95 wavefronts, 70 bank conflicts"
-    assert lines[-2] == "shared stores: 20 warp instructions, 55 wavefronts, 35 bank conflicts"
-    assert lines[-1] == "mean active lanes per instruction: 22.71 of 32"
+    assert lines[3].split() == ["s=1", "load", "sdata[2*s*tid]", "predicated", "8", "128", "8", "4", "4", "2-way"]
+    assert lines[-3] == "shared loads:  129 warp instructions, 95 wavefronts, 70 bank conflicts"
+    assert lines[-2] == "shared stores: 72 warp instructions, 55 wavefronts, 35 bank conflicts"
+    assert lines[-1] == "mean active lanes per instruction: 5.08 of 32"
 
 
 def test_run_trace_command_line():

@@ -1,7 +1,9 @@
-"""Python side of the registered ops: fake (meta) kernels for torch.compile, and autograd."""
-from __future__ import annotations
+"""Python side of the registered ops: fake (meta) kernels for torch.compile.
 
-import math
+Autograd is registered in C++ (csrc/ladder_autograd.cpp, csrc/dim_reduce_autograd.cpp), so a call pays
+no Python autograd wrapper.
+"""
+from __future__ import annotations
 
 import torch
 
@@ -12,25 +14,14 @@ def _sum_result_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype.is_floating_point else torch.int64
 
 
-def _register_ladder(name: str) -> None:
-    qualname = f"reduce::{name}"
-
-    @torch.library.register_fake(qualname)
+def _register_ladder_fake(name: str) -> None:
+    @torch.library.register_fake(f"reduce::{name}")
     def _fake(t, block_size=256):
         return t.new_empty((), dtype=_sum_result_dtype(t.dtype))
 
-    def _setup_context(ctx, inputs, output, keyword_only_inputs=None):  # dtype= is keyword-only: unused
-        ctx.input_shape = inputs[0].shape
-
-    def _backward(ctx, grad):
-        # d(sum t)/dt = 1 for every element: the incoming gradient, expanded to the input's shape.
-        return grad.expand(ctx.input_shape), None
-
-    torch.library.register_autograd(qualname, _backward, setup_context=_setup_context)
-
 
 for _variant in LADDER:
-    _register_ladder(_variant.name)
+    _register_ladder_fake(_variant.name)
 
 
 # ------------------------------------------------------------ sum, mean, amax, amin (reductions.py) ----
@@ -75,46 +66,13 @@ def _result_dtype(name: str, t: torch.Tensor, dtype) -> torch.dtype:
     return t.dtype
 
 
-def _restore_reduced_dims(g: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
-    if not keepdim:
-        for d in dims:
-            g = g.unsqueeze(d)
-    return g
-
-
-def _register_reduction(name: str) -> None:
-    qualname = f"reduce::{name}"
-
-    @torch.library.register_fake(qualname)
+def _register_reduction_fake(name: str) -> None:
+    @torch.library.register_fake(f"reduce::{name}")
     def _fake(t, dim=None, keepdim=False, *, dtype=None):
         dims = _reduced_dims(name, t, dim)
         shape = [1 if d in dims else s for d, s in enumerate(t.shape) if keepdim or d not in dims]
         return t.new_empty(shape, dtype=_result_dtype(name, t, dtype))
 
-    def _setup_context(ctx, inputs, output, keyword_only_inputs=None):  # dtype= is keyword-only: unused
-        t, dim, keepdim = inputs
-        ctx.dims = _reduced_dims(name, t, dim)
-        ctx.keepdim = keepdim
-        ctx.input_shape, ctx.input_dtype = t.shape, t.dtype
-        if name in ("amax", "amin"):
-            ctx.save_for_backward(t, output)
-
-    def _backward(ctx, grad):
-        g = _restore_reduced_dims(grad, ctx.dims, ctx.keepdim)
-        if name == "sum":
-            gi = g.expand(ctx.input_shape).to(ctx.input_dtype)
-        elif name == "mean":
-            count = math.prod(ctx.input_shape[d] for d in ctx.dims)
-            gi = (g / count).expand(ctx.input_shape).to(ctx.input_dtype)
-        else:
-            # torch's rule: the gradient is shared evenly among the elements equal to the result (ties).
-            t, result = ctx.saved_tensors
-            mask = t == _restore_reduced_dims(result, ctx.dims, ctx.keepdim)
-            gi = (g / mask.sum(ctx.dims, keepdim=True)) * mask
-        return gi, None, None
-
-    torch.library.register_autograd(qualname, _backward, setup_context=_setup_context)
-
 
 for _name in ("sum", "mean", "amax", "amin"):
-    _register_reduction(_name)
+    _register_reduction_fake(_name)

@@ -46,17 +46,12 @@ std::vector<acc_t> ladder_pass(Ladder v, const in_t* in, int64_t n, int64_t bloc
 
 template <Ladder kVariant>
 at::Tensor ladder_sum_cpu(const at::Tensor& t, int64_t block_size) {
-  constexpr const char* kNames[] = {
-#define TORCH_REDUCE_NAME(name, variant) "reduce::" #name,
-      TORCH_REDUCE_LADDER(TORCH_REDUCE_NAME)
-#undef TORCH_REDUCE_NAME
-  };
-  const char* op = kNames[static_cast<int>(kVariant)];
+  const char* op = ladder_op_name(kVariant);
   TORCH_CHECK(t.device().is_cpu(), op, ": expected a CPU tensor, got one on ", t.device());
   const at::Tensor x = ladder_input(t, block_size, op);
   const int64_t n = x.numel();
   const auto out_type = sum_result_type(t.scalar_type());
-  if (n == 0) return at::zeros({}, t.options().dtype(out_type));
+  if (n == 0) return at::zeros(at::IntArrayRef{}, t.options().dtype(out_type));
   at::Tensor result;
   TORCH_REDUCE_DISPATCH(t.scalar_type(), "reduce ladder", [&] {
     using acc_t = acc_type<scalar_t>;

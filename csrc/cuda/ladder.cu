@@ -125,18 +125,13 @@ void launch_ladder_pass(Ladder variant, const in_t* in, int64_t n, acc_t* partia
 
 template <Ladder kVariant>
 at::Tensor ladder_sum_cuda(const at::Tensor& t, int64_t block_size) {
-  constexpr const char* kNames[] = {
-#define TORCH_REDUCE_NAME(name, variant) "reduce::" #name,
-      TORCH_REDUCE_LADDER(TORCH_REDUCE_NAME)
-#undef TORCH_REDUCE_NAME
-  };
-  const char* op = kNames[static_cast<int>(kVariant)];
+  const char* op = ladder_op_name(kVariant);
   TORCH_CHECK(t.is_cuda(), op, ": expected a CUDA tensor, got one on ", t.device());
   const c10::cuda::CUDAGuard guard(t.device());
   const at::Tensor x = ladder_input(t, block_size, op);
   const int64_t n = x.numel();
   const auto out_type = sum_result_type(t.scalar_type());
-  if (n == 0) return at::zeros({}, t.options().dtype(out_type));
+  if (n == 0) return at::zeros(at::IntArrayRef{}, t.options().dtype(out_type));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 
@@ -145,7 +140,7 @@ at::Tensor ladder_sum_cuda(const at::Tensor& t, int64_t block_size) {
     using acc_t = acc_type<scalar_t>;
     const auto acc_options = t.options().dtype(c10::CppTypeToScalarType<acc_t>::value);
     if constexpr (kVariant == Ladder::Vec || kVariant == Ladder::SinglePass) {
-      auto out = at::empty({}, t.options().dtype(out_type));
+      auto out = at::empty(at::IntArrayRef{}, t.options().dtype(out_type));
       using out_t = std::conditional_t<std::is_floating_point_v<acc_t>, scalar_t, int64_t>;
       with_block_constant(block_size, [&](auto block) {
         launch_device_reduce<decltype(block)::value, scalar_t, acc_t>(
@@ -167,7 +162,7 @@ at::Tensor ladder_sum_cuda(const at::Tensor& t, int64_t block_size) {
                                          next.mutable_data_ptr<acc_t>(), grid, block_size, stream);
         partials = next;
       }
-      result = partials.view({}).to(out_type);
+      result = partials.view(at::IntArrayRef{}).to(out_type);  // a bare {} could pick view(ScalarType)
     }
   });
   return result;

@@ -14,10 +14,11 @@ Rules the model applies:
   (lanes 0-7, 8-15, ...). Groups are served one after another; a group with no active lane costs nothing.
 
 From these: ``wavefronts`` is the sum over active groups of the group's worst bank, ``ideal`` is the number of
-active groups (what the same lanes would need with no conflict), and ``conflicts = wavefronts - ideal`` is the
-quantity Nsight Compute reports as ``l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{ld,st}`` (extra
-wavefronts). For a 4-byte access of word stride ``s`` by all 32 lanes the degree is ``gcd(s, 32)``; stride 0 is
-a broadcast, degree 1.
+active groups (what the same lanes would need with no conflict), and ``conflicts = wavefronts - ideal`` are the
+extra wavefronts. Summed over a kernel they are meant to match Nsight Compute's
+``l1tex__data_pipe_lsu_wavefronts_mem_shared_op_{ld,st}`` and ``l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{ld,st}``
+(a correspondence to check on the GPU). For a 4-byte access of word stride ``s`` by all 32 lanes the degree is
+``gcd(s, 32)``; stride 0 is a broadcast, degree 1.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def lanes_per_group(width: int) -> int:
     return WARP_SIZE * BANK_BYTES // width
 
 
-def active_lanes(active: int | Sequence[bool] | None) -> tuple[bool, ...]:
+def lane_mask(active: int | Sequence[bool] | None) -> tuple[bool, ...]:
     """Normalise an active mask (None = all lanes, an int bitmask with bit i = lane i, or 32 bools)."""
     if active is None:
         return (True,) * WARP_SIZE
@@ -100,7 +101,7 @@ def analyze(
     if len(byte_addresses) != WARP_SIZE:
         raise ValueError(f"need {WARP_SIZE} addresses, one per lane, got {len(byte_addresses)}")
     group_size = lanes_per_group(width)
-    mask = active_lanes(active)
+    mask = lane_mask(active)
     bad = [lane for lane in range(WARP_SIZE) if mask[lane] and (byte_addresses[lane] < 0 or byte_addresses[lane] % width)]
     if bad:
         raise ValueError(f"lanes {bad} have negative addresses or addresses not aligned to {width} bytes")

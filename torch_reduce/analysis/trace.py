@@ -15,7 +15,16 @@ One tree step ``sdata[a] += sdata[b]`` is modelled as two shared loads (``a`` an
 (``a``), each a warp-wide instruction costed by :func:`banks.analyze`. A warp none of whose lanes passes a
 step's ``if`` still issues those instructions when the compiler predicated the body (``"predicated"``), and
 skips them when it branched around the body (``"branch"``). Which one nvcc chose is visible only in the SASS,
-so it is a parameter: per variant by default, per step when given a mapping ``{s: guard}``.
+so it is a parameter: per variant by default, per step when given a mapping ``{s: guard}``. The defaults are
+read off the SASS of the sm_90 build (nvcc 13.0, -O3; ``cuobjdump -sass`` on torch_reduce/_C*.so): every tree
+step of every variant is ``@P LDS; @P LDS; @P FADD; @P STS`` with no branch around it, so all warps of the block
+issue all three instructions on every step; ``if (tid < 32)`` before the last warp's reads is a real branch
+(``@P BRA``), and ``if (tid == 0)`` before the result read is ``@P EXIT``, so only warp 0 issues those. In
+sum_warp_unrolled (block size known only at run time) ``if (blockDim.x > 32) v += sdata[tid + 32]`` is a
+predicated load, issued with no active lane when the block is one warp.
+
+An instruction issued with no active lane is counted as issued and as needing no wavefront (an assumption
+about what Nsight Compute counts, to be checked on the GPU).
 
 :func:`replay_sum` runs the same steps on float32 numbers, block by block and pass by pass, so that its result
 can be compared bit for bit with ``torch.ops.reduce.<variant>``.
@@ -44,11 +53,14 @@ class Kernel:
     tree: interleaved | strided | sequential | last_warp_shuffled.
     load: how a thread gets the value it stores: ``one`` element, ``first_add`` (two elements blockDim.x
         apart) or ``grid_stride`` (such pairs, a grid's width apart, until the input ends).
-    guard: how nvcc is assumed to compile the ``if`` of each tree step (see the module docstring).
+    block_is_template: the block size is a template parameter (ladder.cu: kTemplatedBlock), so tests on it
+        are resolved at compile time.
+    guard: how nvcc compiles the ``if`` of each tree step (see the module docstring).
     """
 
     tree: str
     load: str
+    block_is_template: bool
     guard: str
 
     @property
@@ -57,13 +69,13 @@ class Kernel:
 
 
 KERNELS: dict[str, Kernel] = {
-    "sum_interleaved": Kernel("interleaved", "one", "predicated"),
-    "sum_strided": Kernel("strided", "one", "branch"),
-    "sum_seq": Kernel("sequential", "one", "branch"),
-    "sum_first_add": Kernel("sequential", "first_add", "branch"),
-    "sum_warp_unrolled": Kernel("last_warp_shuffled", "first_add", "branch"),
-    "sum_unrolled": Kernel("last_warp_shuffled", "first_add", "branch"),
-    "sum_multi": Kernel("last_warp_shuffled", "grid_stride", "branch"),
+    "sum_interleaved": Kernel("interleaved", "one", False, "predicated"),
+    "sum_strided": Kernel("strided", "one", False, "predicated"),
+    "sum_seq": Kernel("sequential", "one", False, "predicated"),
+    "sum_first_add": Kernel("sequential", "first_add", False, "predicated"),
+    "sum_warp_unrolled": Kernel("last_warp_shuffled", "first_add", False, "predicated"),
+    "sum_unrolled": Kernel("last_warp_shuffled", "first_add", True, "predicated"),
+    "sum_multi": Kernel("last_warp_shuffled", "grid_stride", True, "predicated"),
 }
 
 
@@ -112,7 +124,7 @@ def tree_steps(tree: str, block_size: int) -> list[TreeStep]:
     smallest = 2 * WARP if tree == "last_warp_shuffled" else 1
     return [
         TreeStep(s, tid < s, tid, tid + s, "sdata[tid]", "sdata[tid + s]")
-        for s in doubling
+        for s in reversed(doubling)
         if s >= smallest
     ]
 
@@ -212,13 +224,15 @@ class BlockTrace:
         return sum(step.active_lanes for step in self.steps) / issued
 
 
-def _step(label, stride, kind, operand, guard, words: np.ndarray, active: np.ndarray, dtype_bytes: int) -> Step:
-    """Cost ``sdata[words[tid]]`` for every warp of the block; threads outside ``active`` issue no address."""
+def _step(label, stride, kind, operand, guard, words: np.ndarray, active: np.ndarray, reached: np.ndarray,
+          dtype_bytes: int) -> Step:
+    """Cost ``sdata[words[tid]]`` for every warp with a thread in ``reached`` (the threads whose control flow
+    gets to the instruction); threads outside ``active`` (predicated off) issue no address."""
     instructions = []
     for warp in range(len(words) // WARP):
         lanes = slice(warp * WARP, (warp + 1) * WARP)
-        if guard == "branch" and not active[lanes].any():
-            continue  # the whole warp jumps over the body
+        if not reached[lanes].any():
+            continue  # the whole warp branched or exited past it
         access = banks.analyze((words[lanes] * dtype_bytes).tolist(), width=dtype_bytes, active=active[lanes].tolist())
         instructions.append(Instruction(warp, access))
     return Step(label, stride, kind, operand, guard, tuple(instructions))
@@ -258,23 +272,29 @@ def trace(
     tid = np.arange(block_size)
     everyone = np.ones(block_size, dtype=bool)
 
-    steps = [_step("store x", None, "store", "sdata[tid]", None, tid, everyone, dtype_bytes)]
+    steps = [_step("store x", None, "store", "sdata[tid]", None, tid, everyone, everyone, dtype_bytes)]
     tree = tree_steps(variant.tree, block_size)
     for tree_step, guard in zip(tree, _step_guards(tree, variant.guard, guards)):
         label, s, active = f"s={tree_step.stride}", tree_step.stride, tree_step.active
+        reached = everyone if guard == "predicated" else active
         steps += [
-            _step(label, s, "load", tree_step.dst_text, guard, tree_step.dst, active, dtype_bytes),
-            _step(label, s, "load", tree_step.src_text, guard, tree_step.src, active, dtype_bytes),
-            _step(label, s, "store", tree_step.dst_text, guard, tree_step.dst, active, dtype_bytes),
+            _step(label, s, "load", tree_step.dst_text, guard, tree_step.dst, active, reached, dtype_bytes),
+            _step(label, s, "load", tree_step.src_text, guard, tree_step.src, active, reached, dtype_bytes),
+            _step(label, s, "store", tree_step.dst_text, guard, tree_step.dst, active, reached, dtype_bytes),
         ]
-    # The closing reads are assumed branched: `if (tid < 32)` and `if (tid == 0)` skip whole warps.
     if variant.tree == "last_warp_shuffled":
-        first_warp = tid < WARP
-        steps.append(_step("last warp", None, "load", "sdata[tid]", "branch", tid, first_warp, dtype_bytes))
-        if block_size > WARP:
-            steps.append(_step("last warp", None, "load", "sdata[tid + 32]", "branch", tid + WARP, first_warp, dtype_bytes))
+        first_warp = tid < WARP  # `if (tid < 32)`: a branch, only warp 0 gets there
+        steps.append(_step("last warp", None, "load", "sdata[tid]", "branch", tid, first_warp, first_warp, dtype_bytes))
+        if not (variant.block_is_template and block_size == WARP):
+            # `if (block > 32) v += sdata[tid + 32]`: compiled away for a templated block of 32, else predicated.
+            active = first_warp & (block_size > WARP)
+            guard = None if variant.block_is_template else "predicated"
+            steps.append(_step("last warp", None, "load", "sdata[tid + 32]", guard, tid + WARP, active, first_warp,
+                               dtype_bytes))
     else:
-        steps.append(_step("result", None, "load", "sdata[0]", "branch", np.zeros_like(tid), tid == 0, dtype_bytes))
+        thread_0 = tid == 0  # `if (tid == 0)`: the other threads exit, only warp 0 gets there
+        steps.append(_step("result", None, "load", "sdata[0]", "branch", np.zeros_like(tid), thread_0, thread_0,
+                           dtype_bytes))
     return BlockTrace(variant_name, block_size, dtype_bytes, tuple(steps))
 
 

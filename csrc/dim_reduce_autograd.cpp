@@ -1,0 +1,128 @@
+// Autograd for sum/mean/amax/amin in C++, like csrc/ladder_autograd.cpp: a Python autograd kernel would
+// add microseconds to every call. The gradients are torch's:
+//   sum, mean:  the incoming gradient with the reduced dims restored, expanded to the input (mean: divided
+//               by the reduced count), in the input's dtype (dtype= may have changed the output's);
+//   amax, amin: shared evenly among the elements equal to the result, grad / count_of_ties * (x == result).
+#include <ATen/ATen.h>
+#include <ATen/WrapDimUtilsMulti.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <vector>
+
+namespace torch_reduce {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The reduced dims, ascending: every dim for None or () (a 0-dim input has none to restore).
+std::vector<int64_t> reduced_dims(at::OptionalIntArrayRef dim, int64_t ndim) {
+  const bool all_dims = !dim.has_value() || dim->empty();
+  const auto mask = all_dims ? std::bitset<at::dim_bitset_size>().set() : at::dim_list_to_bitset(*dim, ndim);
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (mask[d]) dims.push_back(d);
+  return dims;
+}
+
+at::Tensor restore_reduced_dims(at::Tensor g, const std::vector<int64_t>& dims, bool keepdim) {
+  if (!keepdim)
+    for (int64_t d : dims) g = g.unsqueeze(d);
+  return g;
+}
+
+// After the op's call, which raises torch's errors for bad dims in torch's order.
+void save_dims(AutogradContext* ctx, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim) {
+  ctx->saved_data["dims"] = reduced_dims(dim, self.dim());
+  ctx->saved_data["keepdim"] = keepdim;
+}
+
+std::vector<int64_t> saved_dims(AutogradContext* ctx) { return ctx->saved_data["dims"].toIntVector(); }
+
+template <bool kMean>
+struct SumFunction : public torch::autograd::Function<SumFunction<kMean>> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                            std::optional<at::ScalarType> dtype) {
+    at::Tensor result;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      static const auto op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow(kMean ? "reduce::mean" : "reduce::sum", "")
+                                 .template typed<at::Tensor(const at::Tensor&, at::OptionalIntArrayRef, bool,
+                                                            std::optional<at::ScalarType>)>();
+      result = op.call(self, dim, keepdim, dtype);
+    }
+    save_dims(ctx, self, dim, keepdim);
+    ctx->saved_data["sizes"] = self.sym_sizes();
+    ctx->saved_data["dtype"] = static_cast<int64_t>(self.scalar_type());
+    return result;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> dims = saved_dims(ctx);
+    std::vector<c10::SymInt> sizes;
+    for (const auto& size : ctx->saved_data["sizes"].toList()) sizes.push_back(size.get().toSymInt());
+    at::Tensor g = restore_reduced_dims(grads[0], dims, ctx->saved_data["keepdim"].toBool());
+    if constexpr (kMean) {
+      c10::SymInt count = 1;
+      for (int64_t d : dims) count *= sizes[d];
+      g = g / c10::Scalar(count);
+    }
+    g = g.expand_symint(sizes).to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()));
+    return {g, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+template <bool kMax>
+struct ExtremumFunction : public torch::autograd::Function<ExtremumFunction<kMax>> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+    at::Tensor result;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      static const auto op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow(kMax ? "reduce::amax" : "reduce::amin", "")
+                                 .template typed<at::Tensor(const at::Tensor&, at::IntArrayRef, bool)>();
+      result = op.call(self, dim, keepdim);
+    }
+    save_dims(ctx, self, dim, keepdim);
+    ctx->save_for_backward({self, result});
+    return result;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> dims = saved_dims(ctx);
+    const bool keepdim = ctx->saved_data["keepdim"].toBool();
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor ties = saved[0] == restore_reduced_dims(saved[1], dims, keepdim);
+    const at::Tensor g = restore_reduced_dims(grads[0], dims, keepdim);
+    return {g / ties.sum(dims, /*keepdim=*/true) * ties, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor sum_autograd(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                        std::optional<at::ScalarType> dtype) {
+  return SumFunction<false>::apply(self, dim, keepdim, dtype);
+}
+at::Tensor mean_autograd(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                         std::optional<at::ScalarType> dtype) {
+  return SumFunction<true>::apply(self, dim, keepdim, dtype);
+}
+at::Tensor amax_autograd(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  return ExtremumFunction<true>::apply(self, dim, keepdim);
+}
+at::Tensor amin_autograd(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  return ExtremumFunction<false>::apply(self, dim, keepdim);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reduce, Autograd, m) {
+  m.impl("sum", &sum_autograd);
+  m.impl("mean", &mean_autograd);
+  m.impl("amax", &amax_autograd);
+  m.impl("amin", &amin_autograd);
+}
+
+}  // namespace torch_reduce

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU check, in one call on a CUDA machine: build, the whole test suite, compute-sanitizer
+# (memcheck + racecheck) on every ladder variant, the Nsight Compute comparison, the benchmarks.
+# Leaves summary.txt and gpu_check.tar.gz (logs, results, ncu tables) in $OUT (else .gpu_out/).
+#
+#   scripts/gpu_check.sh [--quick] [--steps build,test,sanitize,ncu,bench] [--sections ladder,dropin,layernorm]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-.gpu_out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)  # everything but the summary travels back packed, in one archive
+mkdir -p "$WORK/logs"
+STEPS=build,test,sanitize,ncu,bench
+SECTIONS=ladder,dropin,layernorm
+QUICK=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=--quick ;;
+    --steps) STEPS=$2; shift ;;
+    --sections) SECTIONS=$2; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+status=0
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log, time, record the outcome
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$WORK/logs/$name.log" 2>&1
+  local rc=$?
+  note "$name: rc=$rc ($((SECONDS - start)) s)"
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+
+note "gpu_check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$SUMMARY"
+
+if want build; then
+  step build 400 python3 -m pip install --no-build-isolation --no-deps -e . || { tail -40 "$WORK/logs/build.log"; exit 1; }
+fi
+if want test; then
+  step tests 400 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" tests
+  tail -3 "$WORK/logs/tests.log" | tee -a "$SUMMARY"
+  grep -E "^SKIPPED" "$WORK/logs/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+if want sanitize; then
+  for tool in memcheck racecheck; do
+    step "sanitize-$tool" 200 compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
+      python3 scripts/sanitize_run.py
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$WORK/logs/sanitize-$tool.log" | tail -2 | tee -a "$SUMMARY"
+  done
+fi
+if want ncu && [ -f scripts/ncu_check.py ]; then
+  step ncu 300 python3 scripts/ncu_check.py --out "$WORK/ncu"
+  tail -5 "$WORK/logs/ncu.log" | tee -a "$SUMMARY"
+fi
+if want bench; then
+  RESULTS="benchmarks/results/$(python3 -c 'from torch_reduce.bench.context import gpu_slug; print(gpu_slug())')"
+  step bench 500 python3 -m torch_reduce.bench $QUICK --sections "$SECTIONS"
+  cp "$WORK/logs/bench.log" "$RESULTS/bench.log" 2>/dev/null
+  mkdir -p "$WORK/results" && cp -r "$RESULTS"/. "$WORK/results/"
+fi
+cp "$SUMMARY" "$WORK/"
+tar -czf "$OUT/gpu_check.tar.gz" -C "$WORK" .
+note "status=$status"
+exit $status

@@ -1,0 +1,72 @@
+"""``python -m torch_reduce``: the analyzer's commands print what analysis/ computes, and bad input exits cleanly."""
+import subprocess
+import sys
+
+import pytest
+
+from torch_reduce.__main__ import main
+
+
+def run(capsys, *argv):
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_analyze_strided_256_prints_the_traced_totals(capsys):
+    lines = run(capsys, "analyze", "sum_strided", "--block-size", "256").splitlines()
+    assert lines[0] == "sum_strided, one block of 256 threads, 4-byte sdata elements"
+    assert lines[-3:] == [  # the numbers tests/test_trace.py derives by hand
+        "shared loads:  129 warp instructions, 95 wavefronts, 70 bank conflicts",
+        "shared stores: 72 warp instructions, 55 wavefronts, 35 bank conflicts",
+        "mean active lanes per instruction: 5.08 of 32",
+    ]
+
+
+def test_analyze_with_doubles(capsys):
+    assert run(capsys, "analyze", "sum_seq", "--block-size", "64", "--dtype-bytes", "8").splitlines()[0] == (
+        "sum_seq, one block of 64 threads, 8-byte sdata elements")
+
+
+@pytest.mark.parametrize("stride, answer", [(3, "conflict-free"), (2, "2-way conflict"), (32, "32-way conflict")])
+def test_banks_stride(capsys, stride, answer):
+    assert run(capsys, "banks", "--stride", str(stride)).splitlines()[0].split(None, 1) == ["answer", answer]
+
+
+def test_banks_padding_turns_32_way_into_conflict_free(capsys):
+    rows = run(capsys, "banks", "--padding").splitlines()[1:]
+    assert "float tile[32][32]" in rows[0] and "32-way conflict" in rows[0]
+    assert "float tile[32][33]" in rows[1] and "conflict-free" in rows[1]
+
+
+def test_banks_question_bank_answers_every_question(capsys):
+    text = run(capsys, "banks", "--question-bank")
+    assert "float array, stride 2" in text and "12-byte struct, field .x" in text
+
+
+@pytest.mark.parametrize("argv", [
+    ["analyze", "sum_nope"],  # no such variant
+    ["analyze", "sum_vec"],  # no shared-memory tree
+    ["analyze", "sum_seq", "--block-size", "48"],  # not a power of two
+    ["banks"],  # one of --stride, --padding, --question-bank is required
+    ["analyze", "sum_seq", "--what"],
+    [],
+])
+def test_bad_input_exits_with_a_usage_error(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_bench_gets_the_arguments_after_bench(monkeypatch):
+    import torch_reduce.bench.__main__ as bench
+
+    received = []
+    monkeypatch.setattr(bench, "main", lambda argv: received.append(argv) or 0)
+    assert main(["bench", "--quick", "--sections", "ladder"]) == 0
+    assert received == [["--quick", "--sections", "ladder"]]
+
+
+def test_module_runs_as_a_program():
+    done = subprocess.run([sys.executable, "-m", "torch_reduce", "analyze", "sum_nope"], capture_output=True, text=True)
+    assert done.returncode == 2 and "invalid choice: 'sum_nope'" in done.stderr and "Traceback" not in done.stderr
