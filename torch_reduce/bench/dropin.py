@@ -8,7 +8,6 @@ GB/s counts the bytes read once. Writes dropin.json, dropin.md and dropin_full_s
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -18,6 +17,7 @@ from tqdm import tqdm
 import torch_reduce
 
 from .context import Context
+from .ladder import cub_sum
 from .timing import gbps, pool_rotation, rotation, time_graph, time_launches
 
 FULL_SUM_EXPONENTS = range(10, 31)
@@ -36,16 +36,6 @@ class Row:
     impl: str
     ms: float
     gbps: float
-
-
-def _cupy():
-    """CuPy with CUB's device reductions, or None."""
-    os.environ.setdefault("CUPY_ACCELERATORS", "cub")
-    try:
-        import cupy
-    except ImportError:
-        return None
-    return cupy
 
 
 def _random(shape, dtype: torch.dtype) -> torch.Tensor:
@@ -73,9 +63,9 @@ def _verdict(ok: bool) -> str:
 class Section:
     """The measurements, their records and Markdown lines, and the progress bar over them."""
 
-    def __init__(self, ctx: Context, cupy, measurements: int):
+    def __init__(self, ctx: Context, cub, measurements: int):
         self.ctx = ctx
-        self.cupy = cupy
+        self.cub = cub  # ladder.cub_sum(): CuPy's CUB sum, or None
         self.records: list[dict] = []
         self.out: list[str] = []
         self.bar = tqdm(total=measurements, desc="dropin", leave=False)
@@ -107,9 +97,8 @@ class Section:
                 common = dict(op="sum", dtype="float32", n=n, dim=None)
                 torch_row = self.measure(torch.sum, inputs, 4 * n, mode, impl="torch", **common)
                 cub_row = None
-                if self.cupy is not None and mode == "launch":  # CuPy allocates temp storage: no capture
-                    arrays = [self.cupy.asarray(t) for t in inputs]
-                    cub_row = self.measure(lambda a: a.sum(), arrays, 4 * n, mode, impl="cub", **common)
+                if self.cub is not None and mode == "launch":  # CuPy launches on the null stream: no capture
+                    cub_row = self.measure(self.cub.fn, self.cub.prepare(inputs), 4 * n, mode, impl="cub", **common)
                 ours_row = self.measure(torch_reduce.sum, inputs, 4 * n, mode, impl="torch_reduce", **common)
                 for row in (torch_row, cub_row, ours_row):
                     if row is not None:
@@ -236,13 +225,13 @@ def run(ctx: Context) -> str:
     dtype_exponent = 24 if quick else DTYPE_EXPONENT
     shapes = [(8192, 1024), (2**20, 32)] if quick else MATRIX_SHAPES
     runs = 10 if quick else DETERMINISM_RUNS
-    cupy = _cupy()
+    cub = cub_sum()
     graph_sizes = sum(1 for e in exponents if e <= GRAPH_MAX_EXPONENT)
-    per_size = 3 if cupy is not None else 2
+    per_size = 3 if cub is not None else 2
     measurements = per_size * len(exponents) + 2 * graph_sizes + 2 * len(DTYPE_TARGETS) + 4 * len(shapes) + 6 + 2
-    section = Section(ctx, cupy, measurements)
+    section = Section(ctx, cub, measurements)
     header = [f"## Drop-in reductions (line: {ctx.line_gbps:.0f} GB/s" + (", quick)" if quick else ")"), ""]
-    if section.cupy is None:
+    if cub is None:
         header += ["CuPy is not installed: the CUB column is left out.", ""]
     series = section.full_sum(exponents)
     section.dtypes(dtype_exponent)
