@@ -5,7 +5,8 @@
 //               but few of them: each row split over several blocks, partials folded by a second kernel;
 //   N > 1:      columns: each thread owns 1 or 4 adjacent columns and walks K; the block's threadIdx.y
 //               slices are folded through shared memory; K split over blockIdx.y when B * N cannot fill
-//               the GPU, partials folded by a second kernel.
+//               the GPU.
+// Split partials (rows or columns) are folded by a second launch: the column kernel over (splits, outputs).
 // Every fold has a fixed order and no atomics: the same input gives the same bits on every run.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 // One block per (row, split): blockIdx.y picks the split [y * chunk, (y + 1) * chunk) of every row.
-// One split: the result; several: partials[y][row], folded by fold_splits_kernel.
+// One split: the result; several: partials[y][row], folded by a column reduction.
 template <typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
 __global__ void __launch_bounds__(kBlock)
     row_block_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t K, int64_t chunk,
@@ -130,28 +131,6 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-// out[i] = project(partials[0][i] op partials[1][i] op ...), splits in order.
-template <typename acc_t, typename out_t, typename Op, typename Project>
-__global__ void __launch_bounds__(kBlock)
-    fold_splits_kernel(const acc_t* __restrict__ partials, int64_t outputs, int64_t splits, out_t* __restrict__ out,
-                       Op op, Project project) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kBlock;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; i < outputs; i += stride) {
-    acc_t v = Op::identity();
-    for (int64_t s = 0; s < splits; ++s) v = op(v, partials[s * outputs + i]);
-    out[i] = static_cast<out_t>(project(v));
-  }
-}
-
-template <typename acc_t, typename out_t, typename Op, typename Project>
-void launch_fold_splits(const at::Tensor& partials, int64_t outputs, int64_t splits, out_t* out, Op op,
-                        Project project, cudaStream_t stream) {
-  const int64_t grid = std::min(ceil_div(outputs, kBlock), multiprocessors() * int64_t(2048 / kBlock));
-  fold_splits_kernel<<<grid, kBlock, 0, stream>>>(reinterpret_cast<const acc_t*>(partials.const_data_ptr()), outputs,
-                                                  splits, out, op, project);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 template <typename F>
 void with_lanes_per_row(int64_t lanes, F&& f) {
   switch (lanes) {
@@ -163,6 +142,11 @@ void with_lanes_per_row(int64_t lanes, F&& f) {
     default: return f(std::integral_constant<unsigned, 32>());
   }
 }
+
+// The fold of split partials, partials[split][output], is itself a column reduction: (1, splits, outputs).
+template <typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
+void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out_t* out, Op op, Project project,
+                    const at::TensorOptions& options, cudaStream_t stream);
 
 // Rows up to this many 16-byte vectors go to row_group_kernel (at most 8 vectors a lane); longer rows
 // get a block each.
@@ -205,7 +189,9 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Op op,
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
   kernel<<<grid, kBlock, 0, stream>>>(in, rows, K, chunk, partial_ptr, out, op, project);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (splits > 1) launch_fold_splits<acc_t>(partials, rows, splits, out, op, project, stream);
+  if (splits > 1) {
+    launch_columns<acc_t, acc_t>(partial_ptr, 1, splits, rows, out, op, project, options, stream);
+  }
 }
 
 // ---------------------------------------------------------------------------------------- columns ----
@@ -305,7 +291,9 @@ void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out
   const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(by));
   kernel<<<grid, block, 0, stream>>>(in, outer, K, N, rows_per_split, partial_ptr, out, op, project);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (splits > 1) launch_fold_splits<acc_t>(partials, outer * N, splits, out, op, project, stream);
+  if (splits > 1) {  // splits <= K / 8: the fold's own splits, if any, are fewer again
+    launch_columns<acc_t, acc_t>(partial_ptr, 1, splits, outer * N, out, op, project, options, stream);
+  }
 }
 
 // ---------------------------------------------------------------------------------------- the ops ----
