@@ -6,6 +6,8 @@ import torch  # noqa: F401  (the extension links against torch's libraries)
 
 from . import _C  # noqa: F401  registers torch.ops.reduce
 from . import ops  # noqa: F401  fake kernels and autograd
+from . import nn  # noqa: F401
+from .functional import layer_norm, var_mean  # noqa: F401
 from .ladder import LADDER, Variant  # noqa: F401
 
-__all__ = ["LADDER", "Variant"]
+__all__ = ["LADDER", "Variant", "layer_norm", "nn", "var_mean"]
