@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_leaves
 from tqdm import tqdm
 
 import torch_reduce
@@ -87,8 +88,8 @@ def run(ctx: Context) -> str:
                           numel * torch.finfo(dtype).bits // 8)
         theirs, ours = _callables(op, hidden, dtype)
         # Same results first: a fast wrong kernel is no result.
-        for got, want in zip(torch.utils._pytree.tree_leaves(ours(inputs[0])),
-                             torch.utils._pytree.tree_leaves(theirs(inputs[0]))):
+        for got, want in zip(tree_leaves(ours(inputs[0])),
+                             tree_leaves(theirs(inputs[0]))):
             scale = max(1.0, want.float().abs().max().item())
             torch.testing.assert_close(got.float() / scale, want.float() / scale, rtol=2e-2, atol=2e-2)
         t_theirs = time_launches(theirs, inputs).median_ms
