@@ -1,9 +1,10 @@
 // var_mean and LayerNorm on the GPU: rows of a contiguous (rows, cols) matrix.
-//   row statistics: one warp per short row (<= 4 KiB), one block per long row; each thread's share of
-//     the row is loaded with 16-byte vectors into registers (up to kItems vectors) and reduced there in two
-//     passes (mean, then squared deviations), then the threads' (mean, m2, count) are merged with Chan's
-//     combine through warp_reduce/block_reduce. Rows that do not fit, or are not 16-byte aligned, stream
-//     through full_reduce.cuh's thread_reduce with the same Welford op and are read again to normalize.
+//   row statistics: one warp per short row (<= 4 KiB), one block (128 or 512 threads) per long row; each
+//     thread's share of the row is loaded with 16-byte vectors into registers (up to kItems vectors) and
+//     reduced there in two passes (mean, then squared deviations), then the threads' (mean, m2, count) are
+//     merged with Chan's combine through warp_reduce/block_reduce. Rows that do not fit, or are not 16-byte
+//     aligned, stream through full_reduce.cuh's thread_reduce with the same Welford op and are read again to
+//     normalize.
 //   few long rows (var_mean over everything): each row split over blocks, a Welford partial per block,
 //     folded by one block per row in a fixed order.
 //   grad_weight/grad_bias: column sums in two stages, per-block partials over chunks of rows, then a fold
@@ -23,7 +24,9 @@ namespace {
 
 constexpr int kItems = 8;                     // 16-byte vectors per thread kept in registers
 constexpr unsigned kWarpRowsBlock = 128;      // warp-per-row kernels: four rows per block
-constexpr unsigned kRowBlock = 512;           // block-per-row kernels
+// Block-per-row kernels: the smaller block while its threads hold the row, so each thread keeps several
+// 16-byte loads in flight (one load per thread of a 512-thread block would leave the memory system idle).
+constexpr unsigned kSmallRowBlock = 128, kRowBlock = 512;
 constexpr int64_t kWarpRowBytes = 16 * kItems * kWarpSize;  // the longest row one warp holds: 4 KiB
 
 template <typename scalar_t>
@@ -120,7 +123,7 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
 }
 
 // Which row kernel a (rows, cols) matrix gets.
-enum class RowLayout { WarpRegisters, BlockRegisters, WarpStreaming, BlockStreaming };
+enum class RowLayout { WarpRegisters, SmallBlockRegisters, BlockRegisters, WarpStreaming, BlockStreaming };
 
 // aligned: every pointer the kernel reads or writes with vectors is 16-byte aligned.
 template <typename scalar_t>
@@ -129,6 +132,7 @@ RowLayout row_layout(int64_t cols, bool aligned) {
   const bool short_row = cols * static_cast<int64_t>(sizeof(scalar_t)) <= kWarpRowBytes;
   if (aligned && cols % kSize == 0) {
     if (short_row) return RowLayout::WarpRegisters;
+    if (cols / kSize <= static_cast<int64_t>(kItems) * kSmallRowBlock) return RowLayout::SmallBlockRegisters;
     if (cols / kSize <= static_cast<int64_t>(kItems) * kRowBlock) return RowLayout::BlockRegisters;
   }
   return short_row ? RowLayout::WarpStreaming : RowLayout::BlockStreaming;
@@ -140,12 +144,14 @@ bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_
 template <typename F>
 void with_row_layout(RowLayout layout, int64_t rows, F&& launch) {
   using Warp = std::integral_constant<unsigned, kWarpSize>;
+  using SmallBlock = std::integral_constant<unsigned, kSmallRowBlock>;
   using Block = std::integral_constant<unsigned, kRowBlock>;
   using WarpBlock = std::integral_constant<unsigned, kWarpRowsBlock>;
   const int64_t warp_grid = (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize);
   TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many rows for one launch: ", rows);
   switch (layout) {
     case RowLayout::WarpRegisters: return launch(Warp(), WarpBlock(), std::true_type(), warp_grid);
+    case RowLayout::SmallBlockRegisters: return launch(SmallBlock(), SmallBlock(), std::true_type(), rows);
     case RowLayout::BlockRegisters: return launch(Block(), Block(), std::true_type(), rows);
     case RowLayout::WarpStreaming: return launch(Warp(), WarpBlock(), std::false_type(), warp_grid);
     default: return launch(Block(), Block(), std::false_type(), rows);
