@@ -75,7 +75,10 @@ def test_shapes_drawn(device, batch, normalized, dtype, affine, with_bias, eps):
 @pytest.mark.parametrize("device", DEVICES)
 def test_views_and_unaligned(device):
     base = torch.randn(40, 65, device=device)
-    check(base[:, 1:], (64,), *make_params((64,), torch.float32, device, True, True))  # row starts off 16 bytes
+    check(base[:, 1:], (64,), *make_params((64,), torch.float32, device, True, True))  # copied contiguous
+    for hidden in (64, 2048, 40000):  # contiguous but 4 bytes past a 16-byte boundary: the streaming kernels
+        shifted = torch.randn(7 * hidden + 1, device=device)[1:].view(7, hidden)
+        check(shifted, (hidden,), *make_params((hidden,), torch.float32, device, True, True))
     check(base.t(), (40,), None, None)
     check(torch.randn(5, 2, 3, device=device).transpose(0, 1), (3,), None, None)
 

@@ -61,6 +61,8 @@ def test_views_and_few_long_rows(device):
     check(base[:, 1:], -1)
     check(base.t(), (0,))
     check(torch.randn(3, 300_001, device=device), -1)
+    for hidden in (64, 2048, 40000):  # 4 bytes past a 16-byte boundary: the streaming kernels
+        check(torch.randn(7 * hidden + 1, device=device)[1:].view(7, hidden), -1)
 
 
 @pytest.mark.parametrize("device", DEVICES)

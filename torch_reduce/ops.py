@@ -107,7 +107,7 @@ def _layer_norm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
     input, mean, rstd, weight, bias = ctx.saved_tensors
     needs = ctx.needs_input_grad
     mask = [needs[0], weight is not None and needs[2], bias is not None and needs[3]]
-    grad_input, grad_weight, grad_bias = torch.ops.reduce.layer_norm_bwd(
+    grad_input, grad_weight, grad_bias = torch.ops.reduce.layer_norm_bwd.default(
         grad_out.contiguous(), input, ctx.normalized_shape, mean, rstd, weight, bias, mask)
     return (grad_input if mask[0] else None, None, grad_weight if mask[1] else None,
             grad_bias if mask[2] else None, None)
