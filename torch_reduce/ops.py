@@ -33,11 +33,6 @@ for _variant in LADDER:
 
 # ------------------------------------------------------------------------------------------------ var_mean ----
 
-def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
-    """mean/rstd of layer_norm_fwd: float32 for 16-bit inputs (the accumulate type), else the input's."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 @torch.library.register_fake("reduce::var_mean")
 def _var_mean_fake(input, dim=None, *, correction=1, keepdim=False):
     # torch.var_mean's own meta function gives the shape, the dtype and the errors; ours are contiguous.
@@ -61,9 +56,15 @@ def _var_mean_backward(ctx, grad_var, grad_mean):
     count = 1
     for d in dims:
         count *= input.shape[d]
-    if not ctx.keepdim:
+
+    def to_input_rank(g):  # the reduced dims back, as size 1, so g broadcasts against the input
+        if g is None or ctx.keepdim:
+            return g
         for d in dims:
-            grad_var, grad_mean, mean = grad_var.unsqueeze(d), grad_mean.unsqueeze(d), mean.unsqueeze(d)
+            g = g.unsqueeze(d)
+        return g
+
+    grad_var, grad_mean, mean = to_input_rank(grad_var), to_input_rank(grad_mean), to_input_rank(mean)
     grad = None
     if grad_var is not None:
         grad = grad_var * 2 * (input - mean) / max(0, count - ctx.correction)
@@ -78,6 +79,11 @@ torch.library.register_autograd("reduce::var_mean", _var_mean_backward, setup_co
 
 # ----------------------------------------------------------------------------------------------- LayerNorm ----
 
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    """mean/rstd of layer_norm_fwd: float32 for 16-bit inputs (the accumulate type), else the input's."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 @torch.library.register_fake("reduce::layer_norm_fwd")
 def _layer_norm_fwd_fake(input, normalized_shape, weight, bias, eps):
     axis = input.dim() - len(normalized_shape)
@@ -89,10 +95,10 @@ def _layer_norm_fwd_fake(input, normalized_shape, weight, bias, eps):
 
 @torch.library.register_fake("reduce::layer_norm_bwd")
 def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
-    not_requested = input.new_empty((0,))
-    return (input.new_empty(input.shape) if output_mask[0] else not_requested,
-            input.new_empty(weight.shape) if output_mask[1] and weight is not None else input.new_empty((0,)),
-            input.new_empty(bias.shape) if output_mask[2] and bias is not None else input.new_empty((0,)))
+    def grad_like(wanted, t):  # a gradient not asked for (or of an absent weight/bias) is an empty tensor
+        return input.new_empty(t.shape) if wanted and t is not None else input.new_empty((0,))
+
+    return grad_like(output_mask[0], input), grad_like(output_mask[1], weight), grad_like(output_mask[2], bias)
 
 
 def _layer_norm_setup_context(ctx, inputs, output):

@@ -49,10 +49,6 @@ struct DivideBy {
   TR_HOST_DEVICE T operator()(T v) const { return v / count; }
 };
 
-}  // namespace torch_reduce
-
-namespace torch_reduce {
-
 // Running statistics of a run of numbers: its mean, the sum of squared deviations from that mean (m2) and
 // its length. Variance = m2 / (count - correction); m2 never subtracts two large squares (E[x^2]-E[x]^2).
 template <typename T>
@@ -64,7 +60,8 @@ struct Welford {
 #if defined(__CUDACC__)
   // What block_reduce.cuh's shfl_down uses for accumulator structs: each field shuffled on its own.
   __device__ __forceinline__ static Welford shfl_down(const Welford& v, unsigned offset, unsigned width) {
-    return Welford(__shfl_down_sync(0xffffffffu, v.mean, offset, width), __shfl_down_sync(0xffffffffu, v.m2, offset, width),
+    return Welford(__shfl_down_sync(0xffffffffu, v.mean, offset, width),
+                   __shfl_down_sync(0xffffffffu, v.m2, offset, width),
                    __shfl_down_sync(0xffffffffu, v.count, offset, width));
   }
 #endif

@@ -83,7 +83,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tens
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* wp = w.defined() ? w.const_data_ptr<scalar_t>() : nullptr;
     const scalar_t* bp = b.defined() ? b.const_data_ptr<scalar_t>() : nullptr;
-    scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
+    scalar_t* yp = out.mutable_data_ptr<scalar_t>();
     stat_t* mp = mean.mutable_data_ptr<stat_t>();
     stat_t* rp = rstd.mutable_data_ptr<stat_t>();
     at::parallel_for(0, s.rows, 1, [&](int64_t begin, int64_t end) {
@@ -97,7 +97,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tens
           double y = (static_cast<double>(row[j]) - st.mean) * rs;
           if (wp) y *= static_cast<double>(wp[j]);
           if (bp) y += static_cast<double>(bp[j]);
-          op_[r * cols + j] = static_cast<scalar_t>(y);
+          yp[r * cols + j] = static_cast<scalar_t>(y);
         }
       }
     });

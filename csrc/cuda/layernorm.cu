@@ -140,7 +140,7 @@ RowLayout row_layout(int64_t cols, bool aligned) {
 
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Calls launch(group, block, in_registers) as compile-time constants, with the grid for `rows`.
+// Calls launch(group, block, in_registers, grid): the first three compile-time constants, grid covering `rows`.
 template <typename F>
 void with_row_layout(RowLayout layout, int64_t rows, F&& launch) {
   using Warp = std::integral_constant<unsigned, kWarpSize>;
