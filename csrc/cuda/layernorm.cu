@@ -360,19 +360,30 @@ __global__ void __launch_bounds__(BLOCK)
   acc_t sum_g = 0, sum_gx = 0;
   using V = Vec16<scalar_t>;
   const int64_t vectors = cols / V::kSize;
+  // A 512-thread block leaves 128 registers a thread: too few to hold both x and dy (they spilled), so there
+  // only x is held and dy is loaded where it is used (the second time an L2 hit: read a moment ago).
+  constexpr bool kHoldGradOut = BLOCK != kRowBlock;
   RowRegisters<scalar_t> xr, dyr;
+  const auto grad_out_vector = [&](int k, int64_t i) -> V {
+    if constexpr (kHoldGradOut) {
+      return dyr.v[k];
+    } else {
+      return load_vector(reinterpret_cast<const V*>(dy) + i);
+    }
+  };
   if constexpr (kInRegisters) {
     load_row<GROUP>(xr, x, vectors, t);
-    load_row<GROUP>(dyr, dy, vectors, t);
+    if constexpr (kHoldGradOut) load_row<GROUP>(dyr, dy, vectors, t);
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
       const int64_t i = t + static_cast<int64_t>(k) * GROUP;
       if (i >= vectors) continue;
       V wv;
       if (weight != nullptr) wv = load_vector(reinterpret_cast<const V*>(weight) + i);
+      const V dyv = grad_out_vector(k, i);
 #pragma unroll
       for (int e = 0; e < V::kSize; ++e) {
-        acc_t g = static_cast<acc_t>(dyr.v[k].value[e]);
+        acc_t g = static_cast<acc_t>(dyv.value[e]);
         if (weight != nullptr) g *= static_cast<acc_t>(wv.value[e]);
         sum_g += g;
         sum_gx += g * (static_cast<acc_t>(xr.v[k].value[e]) - mu) * rs;
@@ -394,9 +405,10 @@ __global__ void __launch_bounds__(BLOCK)
       if (i >= vectors) continue;
       V wv, o;
       if (weight != nullptr) wv = load_vector(reinterpret_cast<const V*>(weight) + i);
+      const V dyv = grad_out_vector(k, i);
 #pragma unroll
       for (int e = 0; e < V::kSize; ++e) {
-        acc_t g = static_cast<acc_t>(dyr.v[k].value[e]);
+        acc_t g = static_cast<acc_t>(dyv.value[e]);
         if (weight != nullptr) g *= static_cast<acc_t>(wv.value[e]);
         const acc_t xhat = (static_cast<acc_t>(xr.v[k].value[e]) - mu) * rs;
         o.value[e] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx));
