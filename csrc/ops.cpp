@@ -15,4 +15,14 @@ TORCH_LIBRARY(reduce, m) {
   m.def("mean(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor");
   m.def("amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor");
   m.def("amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor");
+
+  // torch.var_mean: dim None or [] reduces every dim; results in the input's dtype.
+  m.def("var_mean(Tensor input, int[1]? dim=None, *, int correction=1, bool keepdim=False) -> (Tensor, Tensor)");
+  // LayerNorm over the trailing normalized_shape dims: out, and per-row mean and 1/sqrt(var + eps) (float32
+  // for 16-bit inputs) for the backward. layer_norm_bwd returns (grad_input, grad_weight, grad_bias); a
+  // gradient not in output_mask, or of an absent weight/bias, is an empty tensor.
+  m.def("layer_norm_fwd(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_bwd(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, "
+        "Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
 }

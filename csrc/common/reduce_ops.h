@@ -49,4 +49,37 @@ struct DivideBy {
   TR_HOST_DEVICE T operator()(T v) const { return v / count; }
 };
 
+// Running statistics of a run of numbers: its mean, the sum of squared deviations from that mean (m2) and
+// its length. Variance = m2 / (count - correction); m2 never subtracts two large squares (E[x^2]-E[x]^2).
+template <typename T>
+struct Welford {
+  T mean, m2, count;
+  Welford() = default;  // trivial, so it can live in __shared__ memory
+  TR_HOST_DEVICE Welford(T mean_, T m2_, T count_) : mean(mean_), m2(m2_), count(count_) {}
+  TR_HOST_DEVICE explicit Welford(T x) : mean(x), m2(T(0)), count(T(1)) {}  // one element
+#if defined(__CUDACC__)
+  // What block_reduce.cuh's shfl_down uses for accumulator structs: each field shuffled on its own.
+  __device__ __forceinline__ static Welford shfl_down(const Welford& v, unsigned offset, unsigned width) {
+    return Welford(__shfl_down_sync(0xffffffffu, v.mean, offset, width),
+                   __shfl_down_sync(0xffffffffu, v.m2, offset, width),
+                   __shfl_down_sync(0xffffffffu, v.count, offset, width));
+  }
+#endif
+};
+
+// Chan et al.'s parallel combine of two runs' statistics; the empty run (count 0) is its identity.
+template <typename T>
+struct WelfordOp {
+  static TR_HOST_DEVICE Welford<T> identity() { return Welford<T>(T(0), T(0), T(0)); }
+  TR_HOST_DEVICE Welford<T> operator()(const Welford<T>& a, const Welford<T>& b) const {
+    // An empty side returns the other unchanged (so an infinite mean is never multiplied by a zero share).
+    if (b.count == T(0)) return a;
+    if (a.count == T(0)) return b;
+    const T count = a.count + b.count;
+    const T b_share = b.count / count;
+    const T delta = b.mean - a.mean;
+    return Welford<T>(a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * a.count * b_share, count);
+  }
+};
+
 }  // namespace torch_reduce

@@ -1,0 +1,219 @@
+"""torch_reduce.layer_norm / reduce::layer_norm_fwd, layer_norm_bwd / torch_reduce.nn.LayerNorm against torch."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import torch_reduce
+from conftest import DEVICES, requires_cuda
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+HIDDEN = [1, 7, 32, 33, 768, 1000, 1024, 4097, 8192, 12288]
+# Outputs and input gradients are rounded to the dtype once; weight/bias gradients sum over rows.
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10),
+       torch.float16: dict(rtol=2e-3, atol=2e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+SUM_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-10, atol=1e-10),
+           torch.float16: dict(rtol=5e-3, atol=5e-2), torch.bfloat16: dict(rtol=3e-2, atol=2e-1)}
+
+
+def make_params(shape, dtype, device, affine, with_bias):
+    weight = (1 + 0.3 * torch.randn(shape, device=device)).to(dtype).requires_grad_() if affine else None
+    bias = (0.3 * torch.randn(shape, device=device)).to(dtype).requires_grad_() if with_bias else None
+    return weight, bias
+
+
+def reference(x, shape, weight, bias, eps):
+    """F.layer_norm in float64, rounded to the input dtype: what exact math gives."""
+    up = lambda t: None if t is None else t.detach().double().requires_grad_()  # noqa: E731
+    xs, ws, bs = up(x), up(weight), up(bias)
+    return F.layer_norm(xs, shape, ws, bs, eps), (xs, ws, bs)
+
+
+def check(x, shape, weight, bias, eps=1e-5):
+    x = x.detach().requires_grad_()
+    out = torch_reduce.layer_norm(x, shape, weight, bias, eps)
+    ref, ref_leaves = reference(x, shape, weight, bias, eps)
+    assert out.dtype == x.dtype and out.shape == x.shape and out.device == x.device
+    torch.testing.assert_close(out, ref.to(x.dtype), **TOL[x.dtype])
+    grad = torch.randn_like(out)
+    leaves = [t for t in (x, weight, bias) if t is not None]
+    grads = torch.autograd.grad(out, leaves, grad)
+    ref_grads = torch.autograd.grad(ref, [t for t in ref_leaves if t is not None], grad.double())
+    torch.testing.assert_close(grads[0], ref_grads[0].to(x.dtype), **TOL[x.dtype])
+    for got, want in zip(grads[1:], ref_grads[1:]):
+        scale = max(1.0, want.abs().max().item())
+        torch.testing.assert_close(got.double() / scale, want / scale, **SUM_TOL[x.dtype], check_dtype=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_hidden_sizes(hidden, dtype, device):
+    rows = 3 if hidden >= 4097 and device == "cpu" else 67
+    x = (2 + 3 * torch.randn(rows, hidden, device=device)).to(dtype)
+    weight, bias = make_params((hidden,), dtype, device, True, True)
+    check(x, (hidden,), weight, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=30, deadline=None)
+@given(batch=st.lists(st.integers(1, 5), min_size=0, max_size=2),
+       normalized=st.lists(st.sampled_from([1, 2, 3, 7, 8, 16, 33, 64]), min_size=1, max_size=3),
+       dtype=st.sampled_from(DTYPES), affine=st.booleans(), with_bias=st.booleans(),
+       eps=st.sampled_from([0.0, 1e-5, 1e-2]))
+def test_shapes_drawn(device, batch, normalized, dtype, affine, with_bias, eps):
+    x = torch.randn(batch + normalized, device=device).to(dtype)
+    if eps == 0.0:  # then var must be well above 0: no single-element rows, no two elements close together
+        eps = 1e-5 if math.prod(normalized) == 1 else eps
+        x = x + 8 * torch.arange(math.prod(normalized), device=device).view(normalized).to(dtype)
+    weight, bias = make_params(tuple(normalized), dtype, device, affine, affine and with_bias)
+    check(x, tuple(normalized), weight, bias, eps)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_views_and_unaligned(device):
+    base = torch.randn(40, 65, device=device)
+    check(base[:, 1:], (64,), *make_params((64,), torch.float32, device, True, True))  # copied contiguous
+    for hidden in (64, 2048, 40000):  # contiguous but 4 bytes past a 16-byte boundary: the streaming kernels
+        shifted = torch.randn(7 * hidden + 1, device=device)[1:].view(7, hidden)
+        check(shifted, (hidden,), *make_params((hidden,), torch.float32, device, True, True))
+    check(base.t(), (40,), None, None)
+    check(torch.randn(5, 2, 3, device=device).transpose(0, 1), (3,), None, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("affine,with_bias", [(True, True), (True, False), (False, False)])
+def test_gradcheck(device, affine, with_bias):
+    x = torch.randn(4, 3, 10, device=device, dtype=torch.float64, requires_grad=True)
+    weight, bias = make_params((3, 10), torch.float64, device, affine, with_bias)
+    inputs = tuple(t for t in (x, weight, bias) if t is not None)
+
+    def f(*ts):
+        it = iter(ts)
+        xx = next(it)
+        w = next(it) if affine else None
+        b = next(it) if with_bias else None
+        return torch_reduce.layer_norm(xx, (3, 10), w, b, 1e-5)
+
+    torch.autograd.gradcheck(f, inputs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_opcheck(device, dtype):
+    x = torch.randn(6, 2, 40, device=device, dtype=dtype, requires_grad=True)
+    w, b = make_params((2, 40), dtype, device, True, True)
+    for args in [(x, [2, 40], w, b, 1e-5), (x, [40], None, None, 1e-3), (x, [2, 40], w, None, 0.0)]:
+        torch.library.opcheck(torch.ops.reduce.layer_norm_fwd.default, args)
+    out, mean, rstd = torch.ops.reduce.layer_norm_fwd(x.detach(), [2, 40], w.detach(), b.detach(), 1e-5)
+    dy = torch.randn_like(out)
+    for mask in ([True, True, True], [True, False, False], [False, True, True]):
+        torch.library.opcheck(torch.ops.reduce.layer_norm_bwd.default,
+                              (dy, x.detach(), [2, 40], mean, rstd, w.detach(), b.detach(), mask))
+    torch.library.opcheck(torch.ops.reduce.layer_norm_bwd.default,
+                          (dy, x.detach(), [2, 40], mean, rstd, None, None, [True, True, True]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_and_compile_fullgraph(device):
+    torch.manual_seed(0)
+    ours = torch_reduce.nn.LayerNorm(64, device=device)
+    theirs = torch.nn.LayerNorm(64, device=device)
+    with torch.no_grad():
+        theirs.weight.normal_()
+        theirs.bias.normal_()
+    ours.load_state_dict(theirs.state_dict())
+    assert repr(ours).split("(", 1)[1] == repr(theirs).split("(", 1)[1]
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), ours, torch.nn.GELU()).to(device)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    x = torch.randn(16, 32, device=device)
+    torch.testing.assert_close(compiled(x), model(x))
+    compiled(x).sum().backward()
+    torch.testing.assert_close(model[1](model[0](x)), theirs(model[0](x)))
+
+
+def test_module_constructor_matches_torch():
+    for kwargs in [{}, {"elementwise_affine": False}, {"bias": False}, {"eps": 1e-3}]:
+        ours, theirs = torch_reduce.nn.LayerNorm((4, 5), **kwargs), torch.nn.LayerNorm((4, 5), **kwargs)
+        assert ours.state_dict().keys() == theirs.state_dict().keys()
+        assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+        assert ours.extra_repr() == theirs.extra_repr()
+    ours = torch_reduce.nn.LayerNorm(8, dtype=torch.float64)
+    assert ours.weight.dtype == torch.float64
+    with torch.no_grad():
+        ours.weight.zero_()
+    ours.reset_parameters()
+    assert torch.equal(ours.weight, torch.ones(8, dtype=torch.float64))
+
+
+def test_convert_layernorm():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
+                                torch.nn.Sequential(torch.nn.LayerNorm(8, elementwise_affine=False)))
+    weight = model[1].weight
+    assert torch_reduce.nn.convert_layernorm(model) is model
+    assert isinstance(model[1], torch_reduce.nn.LayerNorm) and model[1].weight is weight
+    assert isinstance(model[2][0], torch_reduce.nn.LayerNorm) and model[2][0].weight is None
+    top = torch_reduce.nn.convert_layernorm(torch.nn.LayerNorm(3, bias=False))
+    assert isinstance(top, torch_reduce.nn.LayerNorm) and top.bias is None
+
+
+def test_errors():
+    x = torch.randn(4, 6)
+    with pytest.raises(RuntimeError, match="does not match the input's trailing dims"):
+        torch_reduce.layer_norm(x, (5,))
+    with pytest.raises(RuntimeError, match="does not match the input's trailing dims"):
+        torch_reduce.layer_norm(x, (2, 4, 6))
+    with pytest.raises(RuntimeError, match="weight must have shape"):
+        torch_reduce.layer_norm(x, (6,), torch.ones(5))
+    with pytest.raises(RuntimeError, match="bias must have the input's dtype"):
+        torch_reduce.layer_norm(x, (6,), torch.ones(6), torch.zeros(6, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="eps must be non-negative"):
+        torch_reduce.layer_norm(x, (6,), eps=-1.0)
+    with pytest.raises(RuntimeError, match="expected a float32"):
+        torch_reduce.layer_norm(torch.ones(4, 6, dtype=torch.int32), (6,))
+    if torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="weight must be on the input's device"):
+            torch_reduce.layer_norm(x.cuda(), (6,), torch.ones(6))
+
+
+@requires_cuda
+@pytest.mark.parametrize("hidden", [768, 4097])
+def test_cuda_grad_weight_bitwise_deterministic(hidden):
+    x = torch.randn(4099, hidden, device="cuda", requires_grad=True)
+    weight, bias = make_params((hidden,), torch.float32, "cuda", True, True)
+    dy = torch.randn_like(x)
+    first = None
+    for _ in range(20):
+        grads = torch.autograd.grad(torch_reduce.layer_norm(x, (hidden,), weight, bias), (x, weight, bias), dy)
+        if first is None:
+            first = grads
+        assert all(torch.equal(a, b) for a, b in zip(first, grads))
+
+
+@requires_cuda
+def test_cuda_more_than_2_31_elements():
+    """(2^21 + 1) rows of 1024 bf16: 2^31 + 1024 elements (4 GiB each for x, out, dx; dy shares x's memory)."""
+    rows, hidden = 2**21 + 1, 1024
+    try:
+        x = torch.empty(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    except torch.OutOfMemoryError:
+        pytest.skip("not enough GPU memory")
+    x.normal_()
+    weight = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    out, mean, rstd = torch.ops.reduce.layer_norm_fwd(x, [hidden], weight, None, 1e-5)
+    tail = x[-3:].float()  # rows past element 2^31
+    torch.testing.assert_close(out[-3:], F.layer_norm(tail, (hidden,), weight.float()).bfloat16(),
+                               **TOL[torch.bfloat16])
+    del out
+    dx, dw, _ = torch.ops.reduce.layer_norm_bwd(x, x, [hidden], mean, rstd, weight, None, [True, True, False])
+    ref_dx = torch.ops.aten.native_layer_norm_backward(
+        tail, tail, [hidden], mean[-3:], rstd[-3:], weight.float(), None, [True, False, False])[0]
+    torch.testing.assert_close(dx[-3:].float(), ref_dx, rtol=2e-2, atol=2e-2)
+    del dx
+    ref_dw = torch.zeros(hidden, device="cuda", dtype=torch.float64)  # column sums, a chunk of rows at a time
+    for start in range(0, rows, 2**16):
+        xs = x[start:start + 2**16].double()
+        ref_dw += (xs * (xs - mean[start:start + 2**16]) * rstd[start:start + 2**16]).sum(0)
+    torch.testing.assert_close(dw.double(), ref_dw, rtol=1.6e-2, atol=1.0)
