@@ -23,6 +23,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
+# The GPU image's default compiler (CXX=/opt/gcc/bin/g++) links libstdc++ statically into the extension;
+# that private copy's locale facets crash the first time an error message formats a number. The system
+# compiler links the libstdc++ that Python and torch already loaded.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -42,6 +46,7 @@ note "gpu_check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_versi
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$SUMMARY"
 
 if want build; then
+  rm -rf build
   step build 400 python3 -m pip install --no-build-isolation --no-deps -e . || { tail -40 "$WORK/logs/build.log"; exit 1; }
 fi
 if want test; then
