@@ -96,7 +96,8 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, at::OptionalIntArray
   check_reducible_dtype(self, name);
   const at::ScalarType out_type = result_type(r, self.scalar_type(), dtype);
   // dtype= casts the input first (as torch does), so the sum runs in the accumulate type of that dtype.
-  const at::Tensor x = out_type == self.scalar_type() ? self : self.to(out_type);
+  // Without it the kernels read the input as it is: an integer sum accumulates in int64 anyway.
+  const at::Tensor x = dtype.has_value() && *dtype != self.scalar_type() ? self.to(*dtype) : self;
   check_reducible_dtype(x, name);
 
   const int64_t ndim = x.dim();

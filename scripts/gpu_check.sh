@@ -3,7 +3,8 @@
 # (memcheck + racecheck) on every ladder variant, the Nsight Compute comparison, the benchmarks.
 # Leaves summary.txt and gpu_check.tar.gz (logs, results, ncu tables) in $OUT (else .gpu_out/).
 #
-#   scripts/gpu_check.sh [--quick] [--steps build,test,sanitize,ncu,bench] [--sections ladder,dropin,layernorm]
+#   scripts/gpu_check.sh [--quick] [--steps build,test,sanitize,ncu,bench] [--tests "tests/a.py ..."]
+#                        [--sections ladder,dropin,layernorm]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-.gpu_out}
@@ -13,11 +14,13 @@ mkdir -p "$WORK/logs"
 STEPS=build,test,sanitize,ncu,bench
 SECTIONS=ladder,dropin,layernorm
 QUICK=
+TESTS=tests
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=--quick ;;
     --steps) STEPS=$2; shift ;;
     --sections) SECTIONS=$2; shift ;;
+    --tests) TESTS=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -50,7 +53,7 @@ if want build; then
   step build 400 python3 -m pip install --no-build-isolation --no-deps -e . || { tail -40 "$WORK/logs/build.log"; exit 1; }
 fi
 if want test; then
-  step tests 400 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" tests
+  step tests 400 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" $TESTS
   tail -3 "$WORK/logs/tests.log" | tee -a "$SUMMARY"
   grep -E "^SKIPPED" "$WORK/logs/tests.log" | head -20 | tee -a "$SUMMARY"
 fi

@@ -343,6 +343,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
 
 // ----------------------------------------------------------------------------------- LayerNorm backward ----
 
+// g = dy * weight rounded on its own: an FMA fusing it into `g - mean_g` would keep the product's rounding
+// error, which rstd then amplifies (a constant row, e.g. hidden = 1, must give exactly zero).
+__device__ __forceinline__ float mul_rounded(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rounded(double a, double b) { return __dmul_rn(a, b); }
+
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight, xhat = (x - mean) * rstd.
 template <unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK)
@@ -384,14 +389,14 @@ __global__ void __launch_bounds__(BLOCK)
 #pragma unroll
       for (int e = 0; e < V::kSize; ++e) {
         acc_t g = static_cast<acc_t>(dyv.value[e]);
-        if (weight != nullptr) g *= static_cast<acc_t>(wv.value[e]);
+        if (weight != nullptr) g = mul_rounded(g, static_cast<acc_t>(wv.value[e]));
         sum_g += g;
         sum_gx += g * (static_cast<acc_t>(xr.v[k].value[e]) - mu) * rs;
       }
     }
   } else {
     for (int64_t j = t; j < cols; j += GROUP) {
-      const acc_t g = static_cast<acc_t>(dy[j]) * (weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1));
+      const acc_t g = mul_rounded(static_cast<acc_t>(dy[j]), weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1));
       sum_g += g;
       sum_gx += g * (static_cast<acc_t>(x[j]) - mu) * rs;
     }
@@ -409,7 +414,7 @@ __global__ void __launch_bounds__(BLOCK)
 #pragma unroll
       for (int e = 0; e < V::kSize; ++e) {
         acc_t g = static_cast<acc_t>(dyv.value[e]);
-        if (weight != nullptr) g *= static_cast<acc_t>(wv.value[e]);
+        if (weight != nullptr) g = mul_rounded(g, static_cast<acc_t>(wv.value[e]));
         const acc_t xhat = (static_cast<acc_t>(xr.v[k].value[e]) - mu) * rs;
         o.value[e] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx));
       }
@@ -417,7 +422,7 @@ __global__ void __launch_bounds__(BLOCK)
     }
   } else {
     for (int64_t j = t; j < cols; j += GROUP) {
-      const acc_t g = static_cast<acc_t>(dy[j]) * (weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1));
+      const acc_t g = mul_rounded(static_cast<acc_t>(dy[j]), weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1));
       const acc_t xhat = (static_cast<acc_t>(x[j]) - mu) * rs;
       dx[j] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx));
     }
