@@ -3,43 +3,16 @@
 //   sum, mean:  the incoming gradient with the reduced dims restored, expanded to the input (mean: divided
 //               by the reduced count), in the input's dtype (dtype= may have changed the output's);
 //   amax, amin: shared evenly among the elements equal to the result, grad / count_of_ties * (x == result).
-#include <ATen/ATen.h>
-#include <ATen/WrapDimUtilsMulti.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
 #include <torch/library.h>
 
-#include <vector>
+#include "autograd_util.h"
 
 namespace torch_reduce {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The reduced dims, ascending: every dim for None or () (a 0-dim input has none to restore).
-std::vector<int64_t> reduced_dims(at::OptionalIntArrayRef dim, int64_t ndim) {
-  const bool all_dims = !dim.has_value() || dim->empty();
-  const auto mask = all_dims ? std::bitset<at::dim_bitset_size>().set() : at::dim_list_to_bitset(*dim, ndim);
-  std::vector<int64_t> dims;
-  for (int64_t d = 0; d < ndim; ++d)
-    if (mask[d]) dims.push_back(d);
-  return dims;
-}
-
-at::Tensor restore_reduced_dims(at::Tensor g, const std::vector<int64_t>& dims, bool keepdim) {
-  if (!keepdim)
-    for (int64_t d : dims) g = g.unsqueeze(d);
-  return g;
-}
-
-// After the op's call, which raises torch's errors for bad dims in torch's order.
-void save_dims(AutogradContext* ctx, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim) {
-  ctx->saved_data["dims"] = reduced_dims(dim, self.dim());
-  ctx->saved_data["keepdim"] = keepdim;
-}
-
-std::vector<int64_t> saved_dims(AutogradContext* ctx) { return ctx->saved_data["dims"].toIntVector(); }
 
 template <bool kMean>
 struct SumFunction : public torch::autograd::Function<SumFunction<kMean>> {
@@ -62,8 +35,7 @@ struct SumFunction : public torch::autograd::Function<SumFunction<kMean>> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const std::vector<int64_t> dims = saved_dims(ctx);
-    std::vector<c10::SymInt> sizes;
-    for (const auto& size : ctx->saved_data["sizes"].toList()) sizes.push_back(size.get().toSymInt());
+    const std::vector<c10::SymInt> sizes = saved_sizes(ctx);
     at::Tensor g = restore_reduced_dims(grads[0], dims, ctx->saved_data["keepdim"].toBool());
     if constexpr (kMean) {
       c10::SymInt count = 1;

@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "autograd_util.h"
 #include "ladder.h"
 
 namespace torch_reduce {
@@ -25,9 +26,7 @@ struct LadderSumFunction : public torch::autograd::Function<LadderSumFunction<kV
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    std::vector<c10::SymInt> sizes;
-    for (const auto& size : ctx->saved_data["sizes"].toList()) sizes.push_back(size.get().toSymInt());
-    return {grads[0].expand_symint(sizes), at::Tensor()};
+    return {grads[0].expand_symint(saved_sizes(ctx)), at::Tensor()};
   }
 };
 

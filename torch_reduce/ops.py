@@ -1,6 +1,7 @@
-"""Python side of the registered ops: fake (meta) kernels for torch.compile, and the autograd of
-var_mean and layer_norm_fwd. The ladder's and sum/mean/amax/amin's autograd is in C++
-(csrc/ladder_autograd.cpp, csrc/dim_reduce_autograd.cpp), so those calls pay no Python wrapper.
+"""Python side of the registered ops: fake (meta) kernels for torch.compile.
+
+Autograd is registered in C++ (csrc/ladder_autograd.cpp, dim_reduce_autograd.cpp, layernorm_autograd.cpp),
+so a call pays no Python autograd wrapper.
 """
 from __future__ import annotations
 
@@ -86,43 +87,6 @@ def _var_mean_fake(input, dim=None, *, correction=1, keepdim=False):
     return input.new_empty(var.shape), input.new_empty(var.shape)
 
 
-def _var_mean_setup_context(ctx, inputs, keyword_only_inputs, output):
-    input, dim = inputs
-    ctx.save_for_backward(input, output[1])
-    ctx.dim = dim
-    ctx.correction = keyword_only_inputs.get("correction", 1)
-    ctx.keepdim = keyword_only_inputs.get("keepdim", False)
-
-
-def _var_mean_backward(ctx, grad_var, grad_mean):
-    # var = sum (x - mean)^2 / (N - correction): d var/dx = 2 (x - mean) / (N - correction), d mean/dx = 1/N.
-    input, mean = ctx.saved_tensors
-    ndim = input.dim()
-    dims = sorted({d % ndim for d in ctx.dim} if ctx.dim and ndim else range(ndim))
-    count = 1
-    for d in dims:
-        count *= input.shape[d]
-
-    def to_input_rank(g):  # the reduced dims back, as size 1, so g broadcasts against the input
-        if g is None or ctx.keepdim:
-            return g
-        for d in dims:
-            g = g.unsqueeze(d)
-        return g
-
-    grad_var, grad_mean, mean = to_input_rank(grad_var), to_input_rank(grad_mean), to_input_rank(mean)
-    grad = None
-    if grad_var is not None:
-        grad = grad_var * 2 * (input - mean) / max(0, count - ctx.correction)
-    if grad_mean is not None:
-        grad_from_mean = (grad_mean / count).expand_as(input)
-        grad = grad_from_mean if grad is None else grad + grad_from_mean
-    return grad, None
-
-
-torch.library.register_autograd("reduce::var_mean", _var_mean_backward, setup_context=_var_mean_setup_context)
-
-
 # ----------------------------------------------------------------------------------------------- LayerNorm ----
 
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -145,25 +109,3 @@ def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, 
         return input.new_empty(t.shape) if wanted and t is not None else input.new_empty((0,))
 
     return grad_like(output_mask[0], input), grad_like(output_mask[1], weight), grad_like(output_mask[2], bias)
-
-
-def _layer_norm_setup_context(ctx, inputs, output):
-    input, normalized_shape, weight, bias, _ = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(input, mean, rstd, weight, bias)
-    ctx.normalized_shape = normalized_shape
-
-
-def _layer_norm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
-    # mean and rstd are saved statistics, not results to differentiate: their gradients are ignored.
-    input, mean, rstd, weight, bias = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    mask = [needs[0], weight is not None and needs[2], bias is not None and needs[3]]
-    grad_input, grad_weight, grad_bias = torch.ops.reduce.layer_norm_bwd.default(
-        grad_out.contiguous(), input, ctx.normalized_shape, mean, rstd, weight, bias, mask)
-    return (grad_input if mask[0] else None, None, grad_weight if mask[1] else None,
-            grad_bias if mask[2] else None, None)
-
-
-torch.library.register_autograd("reduce::layer_norm_fwd", _layer_norm_backward,
-                                setup_context=_layer_norm_setup_context)

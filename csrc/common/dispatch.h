@@ -3,11 +3,27 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch_v2.h>
 
+#include <type_traits>
+#include <utility>
+
 // Every reduction accepts the floating types (fp32, fp64, fp16, bf16), the integers and bool.
 #define TORCH_REDUCE_DISPATCH(TYPE, NAME, ...) \
   AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), AT_EXPAND(AT_ALL_TYPES), at::kHalf, at::kBFloat16, at::kBool)
 
 namespace torch_reduce {
+
+// Calls f(std::integral_constant<unsigned, V>) for a run-time power of two `value` in [LO, HI] (a block size,
+// lanes per row), so a kernel can take it as a template parameter.
+template <unsigned LO, unsigned HI, typename F>
+void with_power_of_two(int64_t value, F&& f) {
+  if constexpr (LO >= HI) {
+    f(std::integral_constant<unsigned, HI>());
+  } else if (value <= LO) {
+    f(std::integral_constant<unsigned, LO>());
+  } else {
+    with_power_of_two<LO * 2, HI>(value, std::forward<F>(f));
+  }
+}
 
 // What a reduction accumulates in, as torch.sum does: 16-bit floats in float32, integers and bool in int64.
 template <typename T>

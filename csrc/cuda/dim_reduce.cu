@@ -131,18 +131,6 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-template <typename F>
-void with_lanes_per_row(int64_t lanes, F&& f) {
-  switch (lanes) {
-    case 1: return f(std::integral_constant<unsigned, 1>());
-    case 2: return f(std::integral_constant<unsigned, 2>());
-    case 4: return f(std::integral_constant<unsigned, 4>());
-    case 8: return f(std::integral_constant<unsigned, 8>());
-    case 16: return f(std::integral_constant<unsigned, 16>());
-    default: return f(std::integral_constant<unsigned, 32>());
-  }
-}
-
 // The fold of split partials, partials[split][output], is itself a column reduction: (1, splits, outputs).
 template <typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
 void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out_t* out, Op op, Project project,
@@ -164,7 +152,7 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Op op,
     const int64_t lanes = std::min<int64_t>(kWarpSize, next_power_of_two(vectors));
     const bool one_vector_per_lane =
         K == lanes * kVector && reinterpret_cast<uintptr_t>(in) % sizeof(Vec16<scalar_t>) == 0;
-    with_lanes_per_row(lanes, [&](auto g) {
+    with_power_of_two<1, 32>(lanes, [&](auto g) {
       constexpr unsigned G = decltype(g)::value;
       auto kernel = row_group_kernel<G, scalar_t, acc_t, out_t, Op, Project>;
       const int64_t grid = std::min(ceil_div(rows, kBlock / G), resident_blocks(kernel) * 32);  // grid-stride beyond

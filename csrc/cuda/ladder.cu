@@ -69,25 +69,12 @@ __global__ void ladder_pass_kernel(const in_t* __restrict__ in, int64_t n, acc_t
   if (tid == 0) partials[blockIdx.x] = block_sum;
 }
 
-// Calls f(std::integral_constant<unsigned, B>) for the run-time block size B (a checked power of two).
-template <typename F>
-void with_block_constant(int64_t block_size, F&& f) {
-  switch (block_size) {
-    case 32: return f(std::integral_constant<unsigned, 32>());
-    case 64: return f(std::integral_constant<unsigned, 64>());
-    case 128: return f(std::integral_constant<unsigned, 128>());
-    case 256: return f(std::integral_constant<unsigned, 256>());
-    case 512: return f(std::integral_constant<unsigned, 512>());
-    default: return f(std::integral_constant<unsigned, 1024>());
-  }
-}
-
 template <typename Tree, Load kLoad, bool kTemplatedBlock, typename in_t, typename acc_t>
 void launch_tree_pass(const in_t* in, int64_t n, acc_t* partials, int64_t grid, int64_t block_size,
                         cudaStream_t stream) {
   const size_t shared_bytes = block_size * sizeof(acc_t);
   if constexpr (kTemplatedBlock) {
-    with_block_constant(block_size, [&](auto block) {
+    with_power_of_two<32, 1024>(block_size, [&](auto block) {
       ladder_pass_kernel<Tree, kLoad, decltype(block)::value, in_t, acc_t>
           <<<grid, block_size, shared_bytes, stream>>>(in, n, partials);
     });
@@ -142,7 +129,7 @@ at::Tensor ladder_sum_cuda(const at::Tensor& t, int64_t block_size) {
     if constexpr (kVariant == Ladder::Vec || kVariant == Ladder::SinglePass) {
       auto out = at::empty(at::IntArrayRef{}, t.options().dtype(out_type));
       using out_t = std::conditional_t<std::is_floating_point_v<acc_t>, scalar_t, int64_t>;
-      with_block_constant(block_size, [&](auto block) {
+      with_power_of_two<32, 1024>(block_size, [&](auto block) {
         launch_device_reduce<decltype(block)::value, scalar_t, acc_t>(
             x.const_data_ptr<scalar_t>(), n, out.mutable_data_ptr<out_t>(), SumOp<acc_t>(), KeepValue(),
             kVariant == Ladder::SinglePass, t.device());

@@ -1,0 +1,46 @@
+#pragma once
+// What the C++ autograd kernels (ladder, dim reductions, var_mean, LayerNorm) share: the reduced dims, and
+// the input's symbolic sizes, saved in the forward and read back in the backward.
+#include <ATen/ATen.h>
+#include <ATen/WrapDimUtilsMulti.h>
+#include <torch/autograd.h>
+
+#include <vector>
+
+namespace torch_reduce {
+
+// The reduced dims, ascending: every dim for None or () (a 0-dim input has none to restore).
+inline std::vector<int64_t> reduced_dims(at::OptionalIntArrayRef dim, int64_t ndim) {
+  const bool all_dims = !dim.has_value() || dim->empty();
+  const auto mask = all_dims ? std::bitset<at::dim_bitset_size>().set() : at::dim_list_to_bitset(*dim, ndim);
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (mask[d]) dims.push_back(d);
+  return dims;
+}
+
+// A reduction's gradient with the reduced dims back (as size 1), so it broadcasts against the input.
+inline at::Tensor restore_reduced_dims(at::Tensor g, const std::vector<int64_t>& dims, bool keepdim) {
+  if (!keepdim)
+    for (int64_t d : dims) g = g.unsqueeze(d);
+  return g;
+}
+
+// Call after the op, which has raised torch's errors for bad dims in torch's order.
+inline void save_dims(torch::autograd::AutogradContext* ctx, const at::Tensor& self, at::OptionalIntArrayRef dim,
+                      bool keepdim) {
+  ctx->saved_data["dims"] = reduced_dims(dim, self.dim());
+  ctx->saved_data["keepdim"] = keepdim;
+}
+
+inline std::vector<int64_t> saved_dims(torch::autograd::AutogradContext* ctx) {
+  return ctx->saved_data["dims"].toIntVector();
+}
+
+inline std::vector<c10::SymInt> saved_sizes(torch::autograd::AutogradContext* ctx) {
+  std::vector<c10::SymInt> sizes;
+  for (const auto& size : ctx->saved_data["sizes"].toList()) sizes.push_back(size.get().toSymInt());
+  return sizes;
+}
+
+}  // namespace torch_reduce

@@ -1,0 +1,123 @@
+// Autograd for var_mean and the fused LayerNorm, in C++ like the sums' (csrc/dim_reduce_autograd.cpp):
+// a Python autograd kernel costs microseconds on every call, most of a small LayerNorm's time.
+//   var_mean:   d var/dx = 2 (x - mean) / (N - correction), d mean/dx = 1 / N (N: elements per output);
+//   LayerNorm:  reduce::layer_norm_bwd from the saved input, mean and rstd; mean and rstd are statistics
+//               kept for the backward, not results to differentiate.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "autograd_util.h"
+
+namespace torch_reduce {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, at::OptionalIntArrayRef dim,
+                               int64_t correction, bool keepdim) {
+    at::Tensor var, mean;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      static const auto op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("reduce::var_mean", "")
+                                 .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::OptionalIntArrayRef,
+                                                                           int64_t, bool)>();
+      std::tie(var, mean) = op.call(input, dim, correction, keepdim);
+    }
+    save_dims(ctx, input, dim, keepdim);
+    ctx->saved_data["correction"] = correction;
+    ctx->save_for_backward({input, mean});
+    return {var, mean};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> dims = saved_dims(ctx);
+    const bool keepdim = ctx->saved_data["keepdim"].toBool();
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    c10::SymInt count = 1;
+    for (int64_t d : dims) count = count * input.sym_size(d);
+    at::Tensor grad;
+    if (grads[0].defined()) {
+      const c10::SymInt divisor = (count - ctx->saved_data["correction"].toInt()).max(0);
+      grad = restore_reduced_dims(grads[0], dims, keepdim) * 2 *
+             (input - restore_reduced_dims(saved[1], dims, keepdim)) / c10::Scalar(divisor);
+    }
+    if (grads[1].defined()) {
+      const at::Tensor from_mean = (restore_reduced_dims(grads[1], dims, keepdim) / c10::Scalar(count))
+                                       .expand_symint(input.sym_sizes());
+      grad = grad.defined() ? grad + from_mean : from_mean;
+    }
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+                               const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                               double eps) {
+    at::Tensor out, mean, rstd;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      static const auto op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("reduce::layer_norm_fwd", "")
+                                 .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                     const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&,
+                                     const std::optional<at::Tensor>&, double)>();
+      std::tie(out, mean, rstd) = op.call(input, normalized_shape, weight, bias, eps);
+    }
+    ctx->saved_data["normalized_shape"] = normalized_shape;
+    ctx->save_for_backward({input, mean, rstd, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+    ctx->mark_non_differentiable({mean, rstd});
+    return {out, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &input = saved[0], &mean = saved[1], &rstd = saved[2], &weight = saved[3], &bias = saved[4];
+    // needs_input_grad counts tensor inputs only: input, then weight and bias where given.
+    const size_t weight_edge = 1, bias_edge = weight.defined() ? 2 : 1;
+    const std::array<bool, 3> mask = {ctx->needs_input_grad(0), weight.defined() && ctx->needs_input_grad(weight_edge),
+                                      bias.defined() && ctx->needs_input_grad(bias_edge)};
+    std::vector<c10::SymInt> normalized_shape;
+    for (const auto& size : ctx->saved_data["normalized_shape"].toList())
+      normalized_shape.push_back(size.get().toSymInt());
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("reduce::layer_norm_bwd", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                   const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const at::Tensor&,
+                                   const at::Tensor&, const std::optional<at::Tensor>&,
+                                   const std::optional<at::Tensor>&, std::array<bool, 3>)>();
+    const auto optional = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+    auto [grad_input, grad_weight, grad_bias] = op.call(grads[0].contiguous(), input, normalized_shape, mean, rstd,
+                                                        optional(weight), optional(bias), mask);
+    return {mask[0] ? grad_input : at::Tensor(), at::Tensor(), mask[1] ? grad_weight : at::Tensor(),
+            mask[2] ? grad_bias : at::Tensor(), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> var_mean_autograd(const at::Tensor& input, at::OptionalIntArrayRef dim,
+                                                     int64_t correction, bool keepdim) {
+  const variable_list out = VarMeanFunction::apply(input, dim, correction, keepdim);
+  return {out[0], out[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_autograd(const at::Tensor& input,
+                                                                       c10::SymIntArrayRef normalized_shape,
+                                                                       const std::optional<at::Tensor>& weight,
+                                                                       const std::optional<at::Tensor>& bias,
+                                                                       double eps) {
+  const variable_list out = LayerNormFunction::apply(input, normalized_shape, weight, bias, eps);
+  return {out[0], out[1], out[2]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reduce, Autograd, m) {
+  m.impl("var_mean", &var_mean_autograd);
+  m.impl("layer_norm_fwd", &layer_norm_fwd_autograd);
+}
+
+}  // namespace torch_reduce
