@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
-# The GPU image's default compiler (CXX=/opt/gcc/bin/g++) links libstdc++ statically into the extension;
+# The GPU image's default compiler (its CXX) links libstdc++ statically into the extension;
 # that private copy's locale facets crash the first time an error message formats a number. The system
 # compiler links the libstdc++ that Python and torch already loaded.
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
