@@ -1,5 +1,5 @@
 """A small run of every op for compute-sanitizer: each ladder variant at a few sizes and block sizes
-(several blocks, partial last blocks, misaligned views), then the drop-in reductions."""
+(several blocks, partial last blocks, misaligned views), then the drop-in reductions, var_mean and LayerNorm."""
 import torch
 
 import torch_reduce
@@ -22,10 +22,14 @@ for name in ("sum", "mean", "amax", "amin"):
         for args in ((), (0,), (1,), ((0, 1),)):
             op(y, *args)
             op(y.t(), *args)
-if hasattr(torch_reduce, "layer_norm"):
-    z = torch.randn(64, 1000, device="cuda", requires_grad=True)
-    w = torch.randn(1000, device="cuda", requires_grad=True)
-    torch_reduce.layer_norm(z, (1000,), w, None).sum().backward()
+# LayerNorm and var_mean: one shape per row layout (warp, blocks of 128/256/512, streaming) and column
+# accumulator place (shared memory, global scratch).
+for hidden, dtype in [(768, torch.float32), (1001, torch.float32), (4096, torch.bfloat16), (8192, torch.float32),
+                      (12288, torch.float32), (16384, torch.float32), (40000, torch.float32)]:
+    z = torch.randn(40, hidden, device="cuda", dtype=dtype, requires_grad=True)
+    w = torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True)
+    b = torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True)
+    torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()
     torch_reduce.var_mean(z.detach(), -1)
 torch.cuda.synchronize()
 print("sanitize run done")

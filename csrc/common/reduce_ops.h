@@ -67,6 +67,29 @@ struct Welford {
 #endif
 };
 
+// Two sums carried through one reduction (one set of shuffles and barriers instead of two): LayerNorm's
+// backward sums dy * weight and its product with xhat together.
+template <typename T>
+struct SumPair {
+  T first, second;
+  SumPair() = default;
+  TR_HOST_DEVICE SumPair(T first_, T second_) : first(first_), second(second_) {}
+#if defined(__CUDACC__)
+  __device__ __forceinline__ static SumPair shfl_down(const SumPair& v, unsigned offset, unsigned width) {
+    return SumPair(__shfl_down_sync(0xffffffffu, v.first, offset, width),
+                   __shfl_down_sync(0xffffffffu, v.second, offset, width));
+  }
+#endif
+};
+
+template <typename T>
+struct SumPairOp {
+  static TR_HOST_DEVICE SumPair<T> identity() { return SumPair<T>(T(0), T(0)); }
+  TR_HOST_DEVICE SumPair<T> operator()(const SumPair<T>& a, const SumPair<T>& b) const {
+    return SumPair<T>(a.first + b.first, a.second + b.second);
+  }
+};
+
 // Chan et al.'s parallel combine of two runs' statistics; the empty run (count 0) is its identity.
 template <typename T>
 struct WelfordOp {

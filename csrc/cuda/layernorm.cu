@@ -1,14 +1,18 @@
 // var_mean and LayerNorm on the GPU: rows of a contiguous (rows, cols) matrix.
-//   row statistics: one warp per short row (<= 4 KiB), one block (128 or 512 threads) per long row; each
-//     thread's share of the row is loaded with 16-byte vectors into registers (up to kItems vectors) and
-//     reduced there in two passes (mean, then squared deviations), then the threads' (mean, m2, count) are
-//     merged with Chan's combine through warp_reduce/block_reduce. Rows that do not fit, or are not 16-byte
-//     aligned, stream through full_reduce.cuh's thread_reduce with the same Welford op and are read again to
-//     normalize.
+//   row statistics: one warp per short row, one block of 64, 128, 256 or 512 threads per longer row (the
+//     smallest that holds it); each thread's share of the row is loaded with 16-byte vectors into registers
+//     (up to kItems vectors: 128 bytes a thread whatever the dtype, so bfloat16 rows keep as many bytes in
+//     flight as float32 ones) and reduced there in two passes (mean, then squared deviations); the threads'
+//     (mean, m2, count) are merged with Chan's combine through warp_reduce/block_reduce. Rows that do not
+//     fit, or are not 16-byte aligned, stream through full_reduce.cuh's thread_reduce with the same Welford
+//     op and are read again to normalize.
 //   few long rows (var_mean over everything): each row split over blocks, a Welford partial per block,
 //     folded by one block per row in a fixed order.
-//   grad_weight/grad_bias: column sums in two stages, per-block partials over chunks of rows, then a fold
-//     over the chunks in a fixed order: no float atomics, the same bits on every run.
+//   backward: one pass over x and dy gives grad_input and, in the same pass, the column sums behind
+//     grad_weight/grad_bias: a resident grid of blocks walks the rows, each thread adds its own columns into
+//     its group's accumulators in shared memory (global scratch when they do not fit), each block writes
+//     one partial row, and a second kernel folds the partials in a fixed order: no float atomics, the same
+//     bits on every run, and x and dy are read once.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -22,12 +26,19 @@
 namespace torch_reduce::cuda {
 namespace {
 
-constexpr int kItems = 8;                     // 16-byte vectors per thread kept in registers
-constexpr unsigned kWarpRowsBlock = 128;      // warp-per-row kernels: four rows per block
-// Block-per-row kernels: the smaller block while its threads hold the row, so each thread keeps several
-// 16-byte loads in flight (one load per thread of a 512-thread block would leave the memory system idle).
-constexpr unsigned kSmallRowBlock = 128, kRowBlock = 512;
-constexpr int64_t kWarpRowBytes = 16 * kItems * kWarpSize;  // the longest row one warp holds: 4 KiB
+// 16-byte vectors a thread keeps in registers per row tensor: 128 bytes, whatever the dtype, so a
+// bfloat16 row keeps as many bytes in flight per thread as a float32 one. 16-bit elements stay packed
+// between passes (repack), so they cost the registers float32 elements do.
+constexpr int kItems = 8;
+constexpr unsigned kWarpRowsBlock = 128;  // warp-per-row kernels: four rows per block
+// The smallest block per row. The backward's per-element work is longer (two column accumulators in shared
+// memory), and its long per-thread chains ran slower in 64-thread blocks of 8 vectors than in 128-thread
+// blocks of 4 (bfloat16 16384x4096 on the H200: 251 vs 201 us).
+constexpr unsigned kMinRowBlock = 64, kMinBackwardRowBlock = 128;
+constexpr unsigned kStreamingBlock = 512;
+// Resident threads per SM the kernels are compiled for (the register budget): 1024 where a thread holds
+// one row tensor, 512 where it holds two (the backward's x and dy).
+constexpr unsigned kOneTensorThreads = 1024, kTwoTensorThreads = 512;
 
 template <typename scalar_t>
 __device__ __forceinline__ void store_vector(Vec16<scalar_t>* p, const Vec16<scalar_t>& v) {
@@ -73,6 +84,20 @@ struct RowRegisters {
   Vec16<scalar_t> v[kItems];
 };
 
+// Makes the compiler treat the packed words as new values, so a later pass converts 16-bit elements again
+// (one instruction each) instead of keeping every converted float alive in between: twice the registers.
+template <typename scalar_t>
+__device__ __forceinline__ void repack(RowRegisters<scalar_t>& regs) {
+  if constexpr (sizeof(scalar_t) == 2) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      auto* words = reinterpret_cast<uint32_t*>(regs.v[k].value);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) asm volatile("" : "+r"(words[w]));
+    }
+  }
+}
+
 template <unsigned GROUP, typename scalar_t>
 __device__ __forceinline__ void load_row(RowRegisters<scalar_t>& regs, const scalar_t* row, int64_t vectors,
                                          unsigned t) {
@@ -104,6 +129,7 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
       }
     }
     if (count == 0) return WelfordOp<acc_t>::identity();
+    repack(regs);
     const acc_t mean = sum / count;
     acc_t m2 = 0;
 #pragma unroll
@@ -122,46 +148,35 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
   }
 }
 
-// Which row kernel a (rows, cols) matrix gets.
-enum class RowLayout { WarpRegisters, SmallBlockRegisters, BlockRegisters, WarpStreaming, BlockStreaming };
-
-// aligned: every pointer the kernel reads or writes with vectors is 16-byte aligned.
-template <typename scalar_t>
-RowLayout row_layout(int64_t cols, bool aligned) {
-  constexpr int64_t kSize = Vec16<scalar_t>::kSize;
-  const bool short_row = cols * static_cast<int64_t>(sizeof(scalar_t)) <= kWarpRowBytes;
-  if (aligned && cols % kSize == 0) {
-    if (short_row) return RowLayout::WarpRegisters;
-    if (cols / kSize <= static_cast<int64_t>(kItems) * kSmallRowBlock) return RowLayout::SmallBlockRegisters;
-    if (cols / kSize <= static_cast<int64_t>(kItems) * kRowBlock) return RowLayout::BlockRegisters;
-  }
-  return short_row ? RowLayout::WarpStreaming : RowLayout::BlockStreaming;
-}
-
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Calls launch(group, block, in_registers, grid): the first three compile-time constants, grid covering `rows`.
-template <typename F>
-void with_row_layout(RowLayout layout, int64_t rows, F&& launch) {
+// Calls launch(group, block, in_registers, grid) for a (rows, cols) matrix: the first three compile-time
+// constants, grid covering the rows one group each. aligned: every pointer the kernel reads or writes with
+// vectors is 16-byte aligned. MIN_BLOCK: the smallest block per row.
+template <typename scalar_t, unsigned MIN_BLOCK, typename F>
+void with_row_layout(int64_t rows, int64_t cols, bool aligned, F&& launch) {
   using Warp = std::integral_constant<unsigned, kWarpSize>;
-  using SmallBlock = std::integral_constant<unsigned, kSmallRowBlock>;
-  using Block = std::integral_constant<unsigned, kRowBlock>;
   using WarpBlock = std::integral_constant<unsigned, kWarpRowsBlock>;
-  const int64_t warp_grid = (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize);
+  using Streaming = std::integral_constant<unsigned, kStreamingBlock>;
+  constexpr int64_t kSize = Vec16<scalar_t>::kSize, kWarpRowElements = int64_t{kWarpSize} * kItems * kSize;
+  constexpr int64_t kMaxBlock = 512;
   TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many rows for one launch: ", rows);
-  switch (layout) {
-    case RowLayout::WarpRegisters: return launch(Warp(), WarpBlock(), std::true_type(), warp_grid);
-    case RowLayout::SmallBlockRegisters: return launch(SmallBlock(), SmallBlock(), std::true_type(), rows);
-    case RowLayout::BlockRegisters: return launch(Block(), Block(), std::true_type(), rows);
-    case RowLayout::WarpStreaming: return launch(Warp(), WarpBlock(), std::false_type(), warp_grid);
-    default: return launch(Block(), Block(), std::false_type(), rows);
+  const int64_t warp_grid = (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize);
+  const int64_t threads_needed = (cols / kSize + kItems - 1) / kItems;
+  if (aligned && cols % kSize == 0 && threads_needed <= kMaxBlock) {
+    if (cols <= kWarpRowElements) return launch(Warp(), WarpBlock(), std::true_type(), warp_grid);
+    return with_power_of_two<MIN_BLOCK, kMaxBlock>(threads_needed, [&](auto block) {
+      launch(block, block, std::true_type(), rows);
+    });
   }
+  if (cols <= kWarpRowElements) return launch(Warp(), WarpBlock(), std::false_type(), warp_grid);
+  launch(Streaming(), Streaming(), std::false_type(), rows);
 }
 
 // ------------------------------------------------------------------------------------------- var_mean ----
 
 template <unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename acc_t>
-__global__ void __launch_bounds__(BLOCK)
+__global__ void __launch_bounds__(BLOCK, kOneTensorThreads / BLOCK)
     var_mean_rows_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t cols, acc_t divisor,
                          scalar_t* __restrict__ var, scalar_t* __restrict__ mean) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
@@ -241,7 +256,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cuda(const at::Tensor& input, at::Op
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
-    with_row_layout(row_layout<scalar_t>(cols, aligned16(in)), rows, [&](auto group, auto block, auto in_registers,
+    with_row_layout<scalar_t, kMinRowBlock>(rows, cols, aligned16(in), [&](auto group, auto block, auto in_registers,
                                                                            int64_t grid) {
       var_mean_rows_kernel<decltype(group)::value, decltype(block)::value, decltype(in_registers)::value, scalar_t,
                            acc_t><<<grid, decltype(block)::value, 0, stream>>>(in, rows, cols, divisor, var, mean);
@@ -254,7 +269,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cuda(const at::Tensor& input, at::Op
 // ------------------------------------------------------------------------------------ LayerNorm forward ----
 
 template <unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename acc_t>
-__global__ void __launch_bounds__(BLOCK)
+__global__ void __launch_bounds__(BLOCK, kOneTensorThreads / BLOCK)
     layer_norm_fwd_kernel(const scalar_t* __restrict__ in, const scalar_t* __restrict__ weight,
                           const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, acc_t* __restrict__ mean_out,
                           acc_t* __restrict__ rstd_out, int64_t rows, int64_t cols, acc_t eps) {
@@ -266,6 +281,7 @@ __global__ void __launch_bounds__(BLOCK)
   const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(thread_stats<GROUP, kInRegisters, acc_t>(x, cols, t, regs),
                                                          WelfordOp<acc_t>());
   const acc_t mean = w.mean, rstd = reciprocal_sqrt(w.m2 / static_cast<acc_t>(cols) + eps);
+  repack(regs);
   if (t == 0) {
     mean_out[row] = mean;
     rstd_out[row] = rstd;
@@ -329,8 +345,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
     const scalar_t *xp = x.const_data_ptr<scalar_t>(), *wp = data_or_null<scalar_t>(w), *bp = data_or_null<scalar_t>(b);
     scalar_t* yp = out.mutable_data_ptr<scalar_t>();
     const bool aligned = aligned16(xp) && aligned16(wp) && aligned16(bp) && aligned16(yp);
-    with_row_layout(row_layout<scalar_t>(s.cols, aligned), s.rows, [&](auto group, auto block, auto in_registers,
-                                                                        int64_t grid) {
+    with_row_layout<scalar_t, kMinRowBlock>(s.rows, s.cols, aligned, [&](auto group, auto block, auto in_registers,
+                                                                         int64_t grid) {
       layer_norm_fwd_kernel<decltype(group)::value, decltype(block)::value, decltype(in_registers)::value, scalar_t,
                             acc_t><<<grid, decltype(block)::value, 0, stream>>>(
           xp, wp, bp, yp, mean.mutable_data_ptr<acc_t>(), rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols,
@@ -348,138 +364,142 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
 __device__ __forceinline__ float mul_rounded(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rounded(double a, double b) { return __dmul_rn(a, b); }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight, xhat = (x - mean) * rstd.
-template <unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename acc_t>
-__global__ void __launch_bounds__(BLOCK)
-    layer_norm_bwd_input_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
-                                const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
-                                const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_in, int64_t rows,
-                                int64_t cols) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
-  if (row >= rows) return;
-  const unsigned t = threadIdx.x % GROUP;
-  const scalar_t* x = in + row * cols;
-  const scalar_t* dy = grad_out + row * cols;
-  scalar_t* dx = grad_in + row * cols;
-  const acc_t mu = mean[row], rs = rstd[row];
-  acc_t sum_g = 0, sum_gx = 0;
-  using V = Vec16<scalar_t>;
-  const int64_t vectors = cols / V::kSize;
-  // A 512-thread block leaves 128 registers a thread: too few to hold both x and dy (they spilled), so there
-  // only x is held and dy is loaded where it is used (the second time an L2 hit: read a moment ago).
-  constexpr bool kHoldGradOut = BLOCK != kRowBlock;
-  RowRegisters<scalar_t> xr, dyr;
-  const auto grad_out_vector = [&](int k, int64_t i) -> V {
-    if constexpr (kHoldGradOut) {
-      return dyr.v[k];
-    } else {
-      return load_vector(reinterpret_cast<const V*>(dy) + i);
-    }
-  };
+// Visits a thread's elements of one row: f(slot, dy, x, weight) on each, in acc_t (weight 1 when there is
+// none), storing what f returns into out when out is given (16-byte stores from registers). slot is where
+// the thread keeps that column's accumulators: element e of vector i at e * vectors + i, so the lanes of a
+// warp touch consecutive words (no bank conflicts); column j itself when streaming.
+template <unsigned GROUP, bool kInRegisters, typename acc_t, typename scalar_t, typename F>
+__device__ __forceinline__ void visit_row(const RowRegisters<scalar_t>& xr, const RowRegisters<scalar_t>& dyr,
+                                          const scalar_t* x, const scalar_t* dy, const scalar_t* weight,
+                                          scalar_t* out, int64_t cols, unsigned t, F f) {
   if constexpr (kInRegisters) {
-    load_row<GROUP>(xr, x, vectors, t);
-    if constexpr (kHoldGradOut) load_row<GROUP>(dyr, dy, vectors, t);
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t i = t + static_cast<int64_t>(k) * GROUP;
-      if (i >= vectors) continue;
-      V wv;
-      if (weight != nullptr) wv = load_vector(reinterpret_cast<const V*>(weight) + i);
-      const V dyv = grad_out_vector(k, i);
-#pragma unroll
-      for (int e = 0; e < V::kSize; ++e) {
-        acc_t g = static_cast<acc_t>(dyv.value[e]);
-        if (weight != nullptr) g = mul_rounded(g, static_cast<acc_t>(wv.value[e]));
-        sum_g += g;
-        sum_gx += g * (static_cast<acc_t>(xr.v[k].value[e]) - mu) * rs;
-      }
-    }
-  } else {
-    for (int64_t j = t; j < cols; j += GROUP) {
-      const acc_t g = mul_rounded(static_cast<acc_t>(dy[j]), weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1));
-      sum_g += g;
-      sum_gx += g * (static_cast<acc_t>(x[j]) - mu) * rs;
-    }
-  }
-  const acc_t mean_g = group_allreduce<GROUP, BLOCK>(sum_g, SumOp<acc_t>()) / static_cast<acc_t>(cols);
-  const acc_t mean_gx = group_allreduce<GROUP, BLOCK>(sum_gx, SumOp<acc_t>()) / static_cast<acc_t>(cols);
-  if constexpr (kInRegisters) {
+    using V = Vec16<scalar_t>;
+    const int64_t vectors = cols / V::kSize;
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
       const int64_t i = t + static_cast<int64_t>(k) * GROUP;
       if (i >= vectors) continue;
       V wv, o;
       if (weight != nullptr) wv = load_vector(reinterpret_cast<const V*>(weight) + i);
-      const V dyv = grad_out_vector(k, i);
 #pragma unroll
       for (int e = 0; e < V::kSize; ++e) {
-        acc_t g = static_cast<acc_t>(dyv.value[e]);
-        if (weight != nullptr) g = mul_rounded(g, static_cast<acc_t>(wv.value[e]));
-        const acc_t xhat = (static_cast<acc_t>(xr.v[k].value[e]) - mu) * rs;
-        o.value[e] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx));
+        const acc_t w = weight != nullptr ? static_cast<acc_t>(wv.value[e]) : acc_t(1);
+        o.value[e] = static_cast<scalar_t>(
+            f(e * vectors + i, static_cast<acc_t>(dyr.v[k].value[e]), static_cast<acc_t>(xr.v[k].value[e]), w));
       }
-      store_vector(reinterpret_cast<V*>(dx) + i, o);
+      if (out != nullptr) store_vector(reinterpret_cast<V*>(out) + i, o);
     }
   } else {
     for (int64_t j = t; j < cols; j += GROUP) {
-      const acc_t g = mul_rounded(static_cast<acc_t>(dy[j]), weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1));
-      const acc_t xhat = (static_cast<acc_t>(x[j]) - mu) * rs;
-      dx[j] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx));
+      const acc_t w = weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1);
+      const acc_t r = f(j, static_cast<acc_t>(dy[j]), static_cast<acc_t>(x[j]), w);
+      if (out != nullptr) out[j] = static_cast<scalar_t>(r);
     }
   }
 }
 
-// Column sums, stage 1: block (tile, chunk) sums dy * xhat and dy over its chunk of rows for kColumnTile
-// columns, kRowLanes rows at a time, then folds the kRowLanes lanes in order: one partial per column.
-constexpr unsigned kColumnTile = 32, kRowLanes = 8, kColumnBlock = kColumnTile * kRowLanes;
+// The accumulator slot of column c (see visit_row).
+template <bool kInRegisters, typename scalar_t>
+__device__ __forceinline__ int64_t column_slot(int64_t c, int64_t cols) {
+  constexpr int kSize = Vec16<scalar_t>::kSize;
+  return kInRegisters ? (c % kSize) * (cols / kSize) + c / kSize : c;
+}
 
-template <typename scalar_t, typename acc_t>
-__global__ void __launch_bounds__(kColumnBlock)
-    layer_norm_bwd_params_partial_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
-                                         const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd, int64_t rows,
-                                         int64_t cols, int64_t rows_per_chunk, acc_t* __restrict__ partial_weight,
-                                         acc_t* __restrict__ partial_bias) {
-  const unsigned lane = threadIdx.x % kColumnTile, row_lane = threadIdx.x / kColumnTile;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumnTile + lane;
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  const int64_t end = rows - begin < rows_per_chunk ? rows : begin + rows_per_chunk;
-  acc_t dw = 0, db = 0;
-  if (col < cols) {
-#pragma unroll 4
-    for (int64_t r = begin + row_lane; r < end; r += kRowLanes) {
-      const acc_t d = static_cast<acc_t>(grad_out[r * cols + col]);
-      dw += d * (static_cast<acc_t>(in[r * cols + col]) - mean[r]) * rstd[r];
-      db += d;
+// One pass over x and dy per row:
+//   grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * weight, xhat = (x - mean) * rstd;
+//   grad_weight, grad_bias = column sums of dy * xhat and dy, added per group into `columns` (2 * cols
+//   accumulators a group: dynamic shared memory, or global scratch when it is given), then folded over the
+//   block's groups in order into the block's partial row: partials[blockIdx.x] (2 * cols: weight then bias).
+// The grid is resident (a few blocks per SM) and walks the rows; grad_in or partials may be null.
+template <unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename acc_t>
+__global__ void __launch_bounds__(BLOCK, kTwoTensorThreads / BLOCK)
+    layer_norm_bwd_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
+                          const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
+                          const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_in, int64_t rows,
+                          int64_t cols, acc_t* __restrict__ column_scratch, acc_t* __restrict__ partials) {
+  constexpr unsigned kGroups = BLOCK / GROUP;
+  extern __shared__ __align__(16) unsigned char shared_columns[];
+  const unsigned group = threadIdx.x / GROUP, t = threadIdx.x % GROUP;
+  const bool column_sums = partials != nullptr;
+  acc_t* columns = column_scratch != nullptr ? column_scratch + blockIdx.x * (2 * kGroups * cols)
+                                             : reinterpret_cast<acc_t*>(shared_columns);
+  if (column_sums) {
+    for (int64_t c = threadIdx.x; c < 2 * kGroups * cols; c += BLOCK) columns[c] = 0;
+    __syncthreads();
+  }
+  acc_t* const weight_sums = columns + group * 2 * cols;
+  acc_t* const bias_sums = weight_sums + cols;
+  const acc_t inv_cols = acc_t(1) / static_cast<acc_t>(cols);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kGroups + group; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kGroups) {
+    const scalar_t* x = in + row * cols;
+    const scalar_t* dy = grad_out + row * cols;
+    const acc_t mu = mean[row], rs = rstd[row];
+    RowRegisters<scalar_t> xr, dyr;
+    if constexpr (kInRegisters) {
+      load_row<GROUP>(xr, x, cols / Vec16<scalar_t>::kSize, t);
+      load_row<GROUP>(dyr, dy, cols / Vec16<scalar_t>::kSize, t);
+    }
+    SumPair<acc_t> sums = SumPairOp<acc_t>::identity();  // sum(g), sum(g * xhat)
+    visit_row<GROUP, kInRegisters, acc_t>(xr, dyr, x, dy, weight, static_cast<scalar_t*>(nullptr), cols, t,
+                                          [&](int64_t, acc_t d, acc_t xv, acc_t w) {
+                                            const acc_t g = mul_rounded(d, w);
+                                            sums.first += g;
+                                            sums.second += g * ((xv - mu) * rs);
+                                            return acc_t(0);
+                                          });
+    sums = group_allreduce<GROUP, BLOCK>(sums, SumPairOp<acc_t>());
+    repack(xr);
+    repack(dyr);
+    const acc_t mean_g = sums.first * inv_cols, mean_gx = sums.second * inv_cols;
+    visit_row<GROUP, kInRegisters, acc_t>(xr, dyr, x, dy, weight, grad_in == nullptr ? nullptr : grad_in + row * cols,
+                                          cols, t, [&](int64_t slot, acc_t d, acc_t xv, acc_t w) {
+                                            const acc_t xhat = (xv - mu) * rs;
+                                            if (column_sums) {
+                                              weight_sums[slot] += d * xhat;
+                                              bias_sums[slot] += d;
+                                              // Keeps the compiler from hoisting every element's
+                                              // accumulator loads ahead (64 live values: spills).
+                                              asm volatile("" ::: "memory");
+                                            }
+                                            return rs * (mul_rounded(d, w) - mean_g - xhat * mean_gx);
+                                          });
+  }
+  if (column_sums) {
+    __syncthreads();
+    acc_t* const partial = partials + blockIdx.x * (2 * cols);
+    for (int64_t c = threadIdx.x; c < 2 * cols; c += BLOCK) {
+      const int64_t slot = (c < cols ? 0 : cols) + column_slot<kInRegisters, scalar_t>(c < cols ? c : c - cols, cols);
+      acc_t s = 0;
+      for (unsigned g = 0; g < kGroups; ++g) s += columns[g * 2 * cols + slot];
+      partial[c] = s;
     }
   }
-  __shared__ acc_t lanes_w[kRowLanes][kColumnTile], lanes_b[kRowLanes][kColumnTile];
-  lanes_w[row_lane][lane] = dw;
-  lanes_b[row_lane][lane] = db;
+}
+
+// grad_weight and grad_bias from the blocks' partial rows (chunks x 2 * cols): a tile of 32 columns per
+// block, kFoldLanes lanes striding over the chunks, the lanes folded in order: the same bits every run.
+constexpr unsigned kFoldTile = 32, kFoldLanes = 32;
+
+template <typename scalar_t, typename acc_t>
+__global__ void __launch_bounds__(kFoldTile * kFoldLanes)
+    column_fold_kernel(const acc_t* __restrict__ partials, int64_t chunks, int64_t cols,
+                       scalar_t* __restrict__ grad_weight, scalar_t* __restrict__ grad_bias) {
+  const unsigned lane = threadIdx.x % kFoldTile, chunk_lane = threadIdx.x / kFoldTile;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFoldTile + lane;  // of 2 * cols
+  acc_t s = 0;
+  if (c < 2 * cols) {
+#pragma unroll 8
+    for (int64_t k = chunk_lane; k < chunks; k += kFoldLanes) s += partials[k * 2 * cols + c];
+  }
+  __shared__ acc_t lanes[kFoldLanes][kFoldTile + 1];
+  lanes[chunk_lane][lane] = s;
   __syncthreads();
-  if (row_lane == 0 && col < cols) {
-    for (unsigned k = 1; k < kRowLanes; ++k) {
-      dw += lanes_w[k][lane];
-      db += lanes_b[k][lane];
-    }
-    partial_weight[blockIdx.y * cols + col] = dw;
-    partial_bias[blockIdx.y * cols + col] = db;
+  if (chunk_lane == 0 && c < 2 * cols) {
+    for (unsigned k = 1; k < kFoldLanes; ++k) s += lanes[k][lane];
+    scalar_t* out = c < cols ? grad_weight : grad_bias;
+    if (out != nullptr) out[c < cols ? c : c - cols] = static_cast<scalar_t>(s);
   }
-}
-
-// Stage 2: one thread per column adds its chunks' partials, chunk 0 first.
-template <typename scalar_t, typename acc_t>
-__global__ void column_fold_kernel(const acc_t* __restrict__ partial_weight, const acc_t* __restrict__ partial_bias,
-                                   int64_t chunks, int64_t cols, scalar_t* __restrict__ grad_weight,
-                                   scalar_t* __restrict__ grad_bias) {
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
-  acc_t dw = 0, db = 0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    dw += partial_weight[c * cols + col];
-    db += partial_bias[c * cols + col];
-  }
-  if (grad_weight != nullptr) grad_weight[col] = static_cast<scalar_t>(dw);
-  if (grad_bias != nullptr) grad_bias[col] = static_cast<scalar_t>(db);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
@@ -507,45 +527,54 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
   const int64_t rows = s.rows, cols = s.cols;
   if (cols == 0) return {grad_input, grad_weight, grad_bias};
   if (rows == 0) return {grad_input, grad_weight.zero_(), grad_bias.zero_()};
+  const bool column_sums = grad_weight.numel() > 0 || grad_bias.numel() > 0;
+  if (grad_input.numel() == 0 && !column_sums) return {grad_input, grad_weight, grad_bias};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "reduce::layer_norm_bwd", [&] {
     using acc_t = acc_type<scalar_t>;
     const scalar_t *xp = x.const_data_ptr<scalar_t>(), *dyp = dy.const_data_ptr<scalar_t>();
-    const acc_t *mp = m.const_data_ptr<acc_t>(), *rp = rs.const_data_ptr<acc_t>();
-    if (grad_input.numel() > 0) {
-      const scalar_t* wp = data_or_null<scalar_t>(w);
-      scalar_t* dxp = grad_input.mutable_data_ptr<scalar_t>();
-      const bool aligned = aligned16(xp) && aligned16(dyp) && aligned16(wp) && aligned16(dxp);
-      with_row_layout(row_layout<scalar_t>(cols, aligned), rows, [&](auto group, auto block, auto in_registers,
-                                                                       int64_t grid) {
-        layer_norm_bwd_input_kernel<decltype(group)::value, decltype(block)::value, decltype(in_registers)::value,
-                                    scalar_t, acc_t>
-            <<<grid, decltype(block)::value, 0, stream>>>(dyp, xp, mp, rp, wp, dxp, rows, cols);
+    const scalar_t* wp = data_or_null<scalar_t>(w);
+    scalar_t* dxp = grad_input.numel() > 0 ? grad_input.mutable_data_ptr<scalar_t>() : nullptr;
+    const bool aligned = aligned16(xp) && aligned16(dyp) && aligned16(wp) && aligned16(dxp);
+    with_row_layout<scalar_t, kMinBackwardRowBlock>(rows, cols, aligned, [&](auto group, auto block, auto in_registers,
+                                                                            int64_t row_grid) {
+      constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
+      const auto kernel = layer_norm_bwd_kernel<kGroup, kBlock, decltype(in_registers)::value, scalar_t, acc_t>;
+      // The column accumulators live in shared memory when two blocks' worth fit on an SM.
+      const int64_t column_bytes = column_sums ? 2 * (kBlock / kGroup) * cols * int64_t{sizeof(acc_t)} : 0;
+      const bool in_shared = column_bytes <= static_cast<int64_t>(props->sharedMemPerBlockOptin / 2);
+      const size_t shared_bytes = in_shared ? static_cast<size_t>(column_bytes) : 0;
+      if (shared_bytes > props->sharedMemPerBlock) {
+        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(shared_bytes)));
+      }
+      int resident = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kBlock, shared_bytes));
+      // Resident blocks only, so each block's partial covers many rows; the grid depends on the shape and
+      // the GPU alone, so the column sums are the same bits on every run.
+      const int64_t grid = std::min<int64_t>(row_grid, std::max(resident, 1) * int64_t{props->multiProcessorCount});
+      at::Tensor partials, scratch;
+      const auto stat_options = input.options().dtype(stat_type);
+      if (column_sums) {
+        partials = at::empty({grid, 2 * cols}, stat_options);
+        if (!in_shared) scratch = at::empty({grid, column_bytes / int64_t{sizeof(acc_t)}}, stat_options);
+      }
+      kernel<<<grid, kBlock, shared_bytes, stream>>>(
+          dyp, xp, m.const_data_ptr<acc_t>(), rs.const_data_ptr<acc_t>(), wp, dxp, rows, cols,
+          scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr,
+          partials.defined() ? partials.mutable_data_ptr<acc_t>() : nullptr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      if (column_sums) {
+        const int64_t tiles = (2 * cols + kFoldTile - 1) / kFoldTile;
+        TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), op, ": normalized size too large: ", cols);
+        column_fold_kernel<scalar_t, acc_t><<<tiles, kFoldTile * kFoldLanes, 0, stream>>>(
+            partials.const_data_ptr<acc_t>(), grid, cols,
+            grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<scalar_t>() : nullptr,
+            grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<scalar_t>() : nullptr);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-    }
-    if (grad_weight.numel() > 0 || grad_bias.numel() > 0) {
-      // Enough (tile, chunk) blocks to fill the GPU at full occupancy; the split depends only on the shape
-      // and the GPU, so the sums are the same bits on every run.
-      const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
-      const int64_t chunks_wanted = std::clamp<int64_t>((8 * sms + tiles - 1) / tiles, 1, 65535);
-      const int64_t rows_per_chunk = std::max<int64_t>(kRowLanes, (rows + chunks_wanted - 1) / chunks_wanted);
-      const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-      TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), op, ": normalized size too large: ", cols);
-      at::Tensor partials = at::empty({2, chunks, cols}, input.options().dtype(stat_type));
-      acc_t* partial_weight = partials[0].mutable_data_ptr<acc_t>();
-      acc_t* partial_bias = partials[1].mutable_data_ptr<acc_t>();
-      layer_norm_bwd_params_partial_kernel<scalar_t, acc_t><<<dim3(tiles, chunks), kColumnBlock, 0, stream>>>(
-          dyp, xp, mp, rp, rows, cols, rows_per_chunk, partial_weight, partial_bias);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      constexpr unsigned kFoldBlock = 256;
-      column_fold_kernel<scalar_t, acc_t><<<(cols + kFoldBlock - 1) / kFoldBlock, kFoldBlock, 0, stream>>>(
-          partial_weight, partial_bias, chunks, cols,
-          grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<scalar_t>() : nullptr,
-          grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<scalar_t>() : nullptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+      }
+    });
   });
   return {grad_input, grad_weight, grad_bias};
 }
