@@ -1,5 +1,6 @@
 #include "dim_reduce.h"
 
+#include <ATen/DeviceGuard.h>
 #include <ATen/WrapDimUtilsMulti.h>
 
 #include <algorithm>
@@ -92,6 +93,7 @@ Layout normal_form(const at::Tensor& x, const std::bitset<at::dim_bitset_size>& 
 
 at::Tensor reduce_dims(Reduction r, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
                        std::optional<at::ScalarType> dtype, ReduceLauncher launch) {
+  const c10::OptionalDeviceGuard guard(at::device_of(self));
   const char* name = reduction_name(r);
   check_reducible_dtype(self, name);
   const at::ScalarType out_type = result_type(r, self.scalar_type(), dtype);

@@ -4,6 +4,7 @@
 // inner N) over one dense run of memory: out[b, n] = reduce over k of in[(b * K + k) * N + n].
 // Each backend supplies only a launcher for that normal form.
 #include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <optional>
 #include <type_traits>
@@ -31,9 +32,30 @@ inline at::ScalarType kernel_result_type(Reduction r, at::ScalarType input) {
   return r == Reduction::Sum ? sum_result_type(input) : input;
 }
 
-// The registered ops' bodies: checks, then `launch` on the normal form (or a shortcut for empty inputs).
+// The registered ops' bodies: checks, then `launch` on the normal form (or a shortcut for empty inputs),
+// with the input's device current.
 at::Tensor reduce_dims(Reduction r, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
                        std::optional<at::ScalarType> dtype, ReduceLauncher launch);
+
+// Registers sum/mean/amax/amin for one backend (the TORCH_LIBRARY_IMPL of its dispatch key): the same
+// bodies, each backend bringing only its launcher.
+template <ReduceLauncher kLaunch>
+void impl_dim_reductions(torch::Library& m) {
+  m.impl("sum", [](const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                   std::optional<at::ScalarType> dtype) {
+    return reduce_dims(Reduction::Sum, self, dim, keepdim, dtype, kLaunch);
+  });
+  m.impl("mean", [](const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                    std::optional<at::ScalarType> dtype) {
+    return reduce_dims(Reduction::Mean, self, dim, keepdim, dtype, kLaunch);
+  });
+  m.impl("amax", [](const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+    return reduce_dims(Reduction::Amax, self, dim, keepdim, std::nullopt, kLaunch);
+  });
+  m.impl("amin", [](const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+    return reduce_dims(Reduction::Amin, self, dim, keepdim, std::nullopt, kLaunch);
+  });
+}
 
 // The kernel's element types for dtype scalar_t and operator Op: out_t is what kernel_result_type says.
 template <typename scalar_t, typename Op>

@@ -15,18 +15,28 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 template <bool kMean>
+at::Tensor sum_below_autograd(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                              std::optional<at::ScalarType> dtype) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(kMean ? "reduce::mean" : "reduce::sum", "")
+                             .typed<at::Tensor(const at::Tensor&, at::OptionalIntArrayRef, bool,
+                                               std::optional<at::ScalarType>)>();
+  return call_below_autograd(op, self, dim, keepdim, dtype);
+}
+
+template <bool kMax>
+at::Tensor extremum_below_autograd(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(kMax ? "reduce::amax" : "reduce::amin", "")
+                             .typed<at::Tensor(const at::Tensor&, at::IntArrayRef, bool)>();
+  return call_below_autograd(op, self, dim, keepdim);
+}
+
+template <bool kMean>
 struct SumFunction : public torch::autograd::Function<SumFunction<kMean>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
                             std::optional<at::ScalarType> dtype) {
-    at::Tensor result;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      static const auto op = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow(kMean ? "reduce::mean" : "reduce::sum", "")
-                                 .template typed<at::Tensor(const at::Tensor&, at::OptionalIntArrayRef, bool,
-                                                            std::optional<at::ScalarType>)>();
-      result = op.call(self, dim, keepdim, dtype);
-    }
+    at::Tensor result = sum_below_autograd<kMean>(self, dim, keepdim, dtype);
     save_dims(ctx, self, dim, keepdim);
     ctx->saved_data["sizes"] = self.sym_sizes();
     ctx->saved_data["dtype"] = static_cast<int64_t>(self.scalar_type());
@@ -50,14 +60,7 @@ struct SumFunction : public torch::autograd::Function<SumFunction<kMean>> {
 template <bool kMax>
 struct ExtremumFunction : public torch::autograd::Function<ExtremumFunction<kMax>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-    at::Tensor result;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      static const auto op = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow(kMax ? "reduce::amax" : "reduce::amin", "")
-                                 .template typed<at::Tensor(const at::Tensor&, at::IntArrayRef, bool)>();
-      result = op.call(self, dim, keepdim);
-    }
+    at::Tensor result = extremum_below_autograd<kMax>(self, dim, keepdim);
     save_dims(ctx, self, dim, keepdim);
     ctx->save_for_backward({self, result});
     return result;
@@ -73,28 +76,26 @@ struct ExtremumFunction : public torch::autograd::Function<ExtremumFunction<kMax
   }
 };
 
+template <bool kMean>
 at::Tensor sum_autograd(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
                         std::optional<at::ScalarType> dtype) {
-  return SumFunction<false>::apply(self, dim, keepdim, dtype);
+  if (!records_grad(self)) return sum_below_autograd<kMean>(self, dim, keepdim, dtype);
+  return SumFunction<kMean>::apply(self, dim, keepdim, dtype);
 }
-at::Tensor mean_autograd(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
-                         std::optional<at::ScalarType> dtype) {
-  return SumFunction<true>::apply(self, dim, keepdim, dtype);
-}
-at::Tensor amax_autograd(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-  return ExtremumFunction<true>::apply(self, dim, keepdim);
-}
-at::Tensor amin_autograd(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-  return ExtremumFunction<false>::apply(self, dim, keepdim);
+
+template <bool kMax>
+at::Tensor extremum_autograd(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  if (!records_grad(self)) return extremum_below_autograd<kMax>(self, dim, keepdim);
+  return ExtremumFunction<kMax>::apply(self, dim, keepdim);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reduce, Autograd, m) {
-  m.impl("sum", &sum_autograd);
-  m.impl("mean", &mean_autograd);
-  m.impl("amax", &amax_autograd);
-  m.impl("amin", &amin_autograd);
+  m.impl("sum", &sum_autograd<false>);
+  m.impl("mean", &sum_autograd<true>);
+  m.impl("amax", &extremum_autograd<true>);
+  m.impl("amin", &extremum_autograd<false>);
 }
 
 }  // namespace torch_reduce

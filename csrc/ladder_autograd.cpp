@@ -15,14 +15,18 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 template <Ladder kVariant>
+at::Tensor ladder_sum_below_autograd(const at::Tensor& t, int64_t block_size) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(ladder_op_name(kVariant), "")
+                             .template typed<at::Tensor(const at::Tensor&, int64_t)>();
+  return call_below_autograd(op, t, block_size);
+}
+
+template <Ladder kVariant>
 struct LadderSumFunction : public torch::autograd::Function<LadderSumFunction<kVariant>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t, int64_t block_size) {
     ctx->saved_data["sizes"] = t.sym_sizes();
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow(ladder_op_name(kVariant), "")
-                               .template typed<at::Tensor(const at::Tensor&, int64_t)>();
-    return op.call(t, block_size);
+    return ladder_sum_below_autograd<kVariant>(t, block_size);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -32,6 +36,7 @@ struct LadderSumFunction : public torch::autograd::Function<LadderSumFunction<kV
 
 template <Ladder kVariant>
 at::Tensor ladder_sum_autograd(const at::Tensor& t, int64_t block_size) {
+  if (!records_grad(t)) return ladder_sum_below_autograd<kVariant>(t, block_size);
   return LadderSumFunction<kVariant>::apply(t, block_size);
 }
 

@@ -14,21 +14,34 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+std::tuple<at::Tensor, at::Tensor> var_mean_below_autograd(const at::Tensor& input, at::OptionalIntArrayRef dim,
+                                                            int64_t correction, bool keepdim) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("reduce::var_mean", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::OptionalIntArrayRef,
+                                                                       int64_t, bool)>();
+  return call_below_autograd(op, input, dim, correction, keepdim);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_below_autograd(
+    const at::Tensor& input, c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("reduce::layer_norm_fwd", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                 const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&,
+                                 const std::optional<at::Tensor>&, double)>();
+  return call_below_autograd(op, input, normalized_shape, weight, bias, eps);
+}
+
 struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, at::OptionalIntArrayRef dim,
                                int64_t correction, bool keepdim) {
-    at::Tensor var, mean;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      static const auto op = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("reduce::var_mean", "")
-                                 .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::OptionalIntArrayRef,
-                                                                           int64_t, bool)>();
-      std::tie(var, mean) = op.call(input, dim, correction, keepdim);
-    }
+    auto [var, mean] = var_mean_below_autograd(input, dim, correction, keepdim);
     save_dims(ctx, input, dim, keepdim);
     ctx->saved_data["correction"] = correction;
     ctx->save_for_backward({input, mean});
+    ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: no zeros to add
     return {var, mean};
   }
 
@@ -58,23 +71,16 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                                const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                double eps) {
-    at::Tensor out, mean, rstd;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      static const auto op = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("reduce::layer_norm_fwd", "")
-                                 .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                                     const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&,
-                                     const std::optional<at::Tensor>&, double)>();
-      std::tie(out, mean, rstd) = op.call(input, normalized_shape, weight, bias, eps);
-    }
+    auto [out, mean, rstd] = layer_norm_fwd_below_autograd(input, normalized_shape, weight, bias, eps);
     ctx->saved_data["normalized_shape"] = normalized_shape;
     ctx->save_for_backward({input, mean, rstd, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
     ctx->mark_non_differentiable({mean, rstd});
+    ctx->set_materialize_grads(false);  // no zero gradients made for mean and rstd
     return {out, mean, rstd};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &input = saved[0], &mean = saved[1], &rstd = saved[2], &weight = saved[3], &bias = saved[4];
     // needs_input_grad counts tensor inputs only: input, then weight and bias where given.
@@ -100,6 +106,7 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 
 std::tuple<at::Tensor, at::Tensor> var_mean_autograd(const at::Tensor& input, at::OptionalIntArrayRef dim,
                                                      int64_t correction, bool keepdim) {
+  if (!records_grad(input)) return var_mean_below_autograd(input, dim, correction, keepdim);
   const variable_list out = VarMeanFunction::apply(input, dim, correction, keepdim);
   return {out[0], out[1]};
 }
@@ -109,6 +116,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_autograd(const at:
                                                                        const std::optional<at::Tensor>& weight,
                                                                        const std::optional<at::Tensor>& bias,
                                                                        double eps) {
+  if (!records_grad(input, weight, bias)) {
+    return layer_norm_fwd_below_autograd(input, normalized_shape, weight, bias, eps);
+  }
   const variable_list out = LayerNormFunction::apply(input, normalized_shape, weight, bias, eps);
   return {out[0], out[1], out[2]};
 }

@@ -43,26 +43,8 @@ void launch_cpu(Reduction r, const ReduceProblem& p, const at::Tensor& out) {
   });
 }
 
-at::Tensor sum_cpu(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype) {
-  return reduce_dims(Reduction::Sum, self, dim, keepdim, dtype, &launch_cpu);
-}
-at::Tensor mean_cpu(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype) {
-  return reduce_dims(Reduction::Mean, self, dim, keepdim, dtype, &launch_cpu);
-}
-at::Tensor amax_cpu(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-  return reduce_dims(Reduction::Amax, self, dim, keepdim, std::nullopt, &launch_cpu);
-}
-at::Tensor amin_cpu(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-  return reduce_dims(Reduction::Amin, self, dim, keepdim, std::nullopt, &launch_cpu);
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(reduce, CPU, m) {
-  m.impl("sum", &sum_cpu);
-  m.impl("mean", &mean_cpu);
-  m.impl("amax", &amax_cpu);
-  m.impl("amin", &amin_cpu);
-}
+TORCH_LIBRARY_IMPL(reduce, CPU, m) { impl_dim_reductions<&launch_cpu>(m); }
 
 }  // namespace torch_reduce::cpu

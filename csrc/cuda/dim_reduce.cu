@@ -9,7 +9,6 @@
 // Split partials (rows or columns) are folded by a second launch: the column kernel over (splits, outputs).
 // Every fold has a fixed order and no atomics: the same input gives the same bits on every run.
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -305,30 +304,8 @@ void launch_cuda(Reduction r, const ReduceProblem& p, const at::Tensor& out) {
   });
 }
 
-at::Tensor sum_cuda(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype) {
-  const c10::cuda::CUDAGuard guard(self.device());
-  return reduce_dims(Reduction::Sum, self, dim, keepdim, dtype, &launch_cuda);
-}
-at::Tensor mean_cuda(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype) {
-  const c10::cuda::CUDAGuard guard(self.device());
-  return reduce_dims(Reduction::Mean, self, dim, keepdim, dtype, &launch_cuda);
-}
-at::Tensor amax_cuda(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-  const c10::cuda::CUDAGuard guard(self.device());
-  return reduce_dims(Reduction::Amax, self, dim, keepdim, std::nullopt, &launch_cuda);
-}
-at::Tensor amin_cuda(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-  const c10::cuda::CUDAGuard guard(self.device());
-  return reduce_dims(Reduction::Amin, self, dim, keepdim, std::nullopt, &launch_cuda);
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(reduce, CUDA, m) {
-  m.impl("sum", &sum_cuda);
-  m.impl("mean", &mean_cuda);
-  m.impl("amax", &amax_cuda);
-  m.impl("amin", &amin_cuda);
-}
+TORCH_LIBRARY_IMPL(reduce, CUDA, m) { impl_dim_reductions<&launch_cuda>(m); }
 
 }  // namespace torch_reduce::cuda
