@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, in one call on a CUDA machine: build, the whole test suite, compute-sanitizer
-# (memcheck + racecheck) on every ladder variant, the Nsight Compute comparison, the benchmarks.
-# Leaves summary.txt and gpu_check.tar.gz (logs, results, ncu tables) in $OUT (else .gpu_out/).
+# (memcheck + racecheck) on every ladder variant, the drop-ins and LayerNorm, the Nsight Compute comparison,
+# a kernel-by-kernel profile of the LayerNorm benchmark, the benchmarks.
+# Leaves summary.txt, profile.md and gpu_check.tar.gz (logs, results, ncu tables) in $OUT (else .gpu_out/).
 #
-#   scripts/gpu_check.sh [--quick] [--steps build,test,sanitize,ncu,bench] [--tests "tests/a.py ..."]
+#   scripts/gpu_check.sh [--quick] [--steps build,test,sanitize,ncu,profile,bench] [--tests "tests/a.py ..."]
 #                        [--sections ladder,dropin,layernorm]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +68,10 @@ fi
 if want ncu && [ -f scripts/ncu_check.py ]; then
   step ncu 300 python3 scripts/ncu_check.py --out "$WORK/ncu"
   tail -5 "$WORK/logs/ncu.log" | tee -a "$SUMMARY"
+fi
+if want profile; then
+  step profile 300 python3 scripts/profile_layernorm.py
+  cp "$WORK/logs/profile.log" "$OUT/profile.md"
 fi
 if want bench; then
   RESULTS="benchmarks/results/$(python3 -c 'from torch_reduce.bench.context import gpu_slug; print(gpu_slug())')"
