@@ -61,21 +61,27 @@ def _plot(records: list[dict], path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     fig, axes = plt.subplots(1, len(OPS), figsize=(5 * len(OPS), 4), sharey=True)
     for ax, (op, (_, target)) in zip(axes, OPS.items()):
         rows = [r for r in records if r["op"] == op]
         labels = [f"{r['rows']}x{r['hidden']}\n{r['dtype']}" for r in rows]
         at = range(len(rows))
-        ax.bar([i - 0.2 for i in at], [r["speedup"] for r in rows], width=0.4, label="one call (events)",
-               color=["tab:green" if r["pass"] else "tab:red" for r in rows])
-        ax.bar([i + 0.2 for i in at], [r["graph_speedup"] or 0 for r in rows], width=0.4, label="graph replay",
-               color=["tab:olive" if r["graph_pass"] else "tab:orange" for r in rows])
-        ax.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target}x")
+        color = lambda ok: "tab:green" if ok else "tab:red"  # noqa: E731
+        ax.bar([i - 0.2 for i in at], [r["speedup"] for r in rows], width=0.4,
+               color=[color(r["pass"]) for r in rows])
+        ax.bar([i + 0.2 for i in at], [r["graph_speedup"] or 0 for r in rows], width=0.4, hatch="//",
+               edgecolor="white", color=[color(r["graph_pass"]) for r in rows])
+        ax.axhline(target, color="k", linestyle="--", linewidth=1)
         ax.axhline(1.0, color="gray", linewidth=0.8)
         ax.set_xticks(list(at), labels, fontsize=6, rotation=90)
         ax.set_title(op)
-        ax.legend(fontsize=7)
+        ax.legend(handles=[Patch(color="gray", label="one call (events)"),
+                           Patch(facecolor="gray", hatch="//", edgecolor="white", label="graph replay"),
+                           Patch(color="tab:green", label="target met"), Patch(color="tab:red", label="missed"),
+                           Line2D([], [], color="k", linestyle="--", label=f"target {target}x")], fontsize=7)
     axes[0].set_ylabel("speedup over torch")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
