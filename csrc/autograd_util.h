@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/WrapDimUtilsMulti.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
 #include <vector>
@@ -19,6 +20,20 @@ inline bool requires_grad(const std::optional<at::Tensor>& t) { return t.has_val
 template <typename... Tensors>
 bool records_grad(const Tensors&... tensors) {
   return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);
+}
+
+// Whether this call takes the composite path (composite.h) instead of a C++ autograd::Function: a functorch
+// transform is active (torch.func.grad, vjp, jvp, vmap: they refuse C++ Functions; functorch includes its
+// dynamic-layer keys while its layer stack is not empty), or an input carries a forward-mode tangent (a
+// Function has no forward derivative). Forward-mode AD has one level at a time in eager torch, level 0;
+// functorch's jvp is a transform and is caught by the first test.
+inline bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
+inline bool has_tangent(const std::optional<at::Tensor>& t) { return t.has_value() && has_tangent(*t); }
+
+template <typename... Tensors>
+bool needs_composite(const Tensors&... tensors) {
+  return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+         (has_tangent(tensors) || ...);
 }
 
 // An op called below autograd (inside an autograd kernel, or instead of it).

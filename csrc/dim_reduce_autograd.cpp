@@ -3,10 +3,13 @@
 //   sum, mean:  the incoming gradient with the reduced dims restored, expanded to the input (mean: divided
 //               by the reduced count), in the input's dtype (dtype= may have changed the output's);
 //   amax, amin: shared evenly among the elements equal to the result, grad / count_of_ties * (x == result).
+// Both are written in differentiable ops, so double backward works; transforms and forward-mode AD take
+// the composite path (torch's own ops).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "autograd_util.h"
+#include "composite.h"
 
 namespace torch_reduce {
 namespace {
@@ -79,12 +82,16 @@ struct ExtremumFunction : public torch::autograd::Function<ExtremumFunction<kMax
 template <bool kMean>
 at::Tensor sum_autograd(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
                         std::optional<at::ScalarType> dtype) {
+  if (needs_composite(self)) {
+    return kMean ? composite::mean(self, dim, keepdim, dtype) : composite::sum(self, dim, keepdim, dtype);
+  }
   if (!records_grad(self)) return sum_below_autograd<kMean>(self, dim, keepdim, dtype);
   return SumFunction<kMean>::apply(self, dim, keepdim, dtype);
 }
 
 template <bool kMax>
 at::Tensor extremum_autograd(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  if (needs_composite(self)) return kMax ? composite::amax(self, dim, keepdim) : composite::amin(self, dim, keepdim);
   if (!records_grad(self)) return extremum_below_autograd<kMax>(self, dim, keepdim);
   return ExtremumFunction<kMax>::apply(self, dim, keepdim);
 }

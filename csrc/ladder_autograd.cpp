@@ -1,11 +1,13 @@
 // Autograd for the ladder ops, in C++: a Python autograd kernel would add microseconds to every call,
 // which at launch-bound sizes is most of the op's time. d(sum t)/dt = 1 for every element, so the
-// gradient is the incoming one expanded to the input's shape.
+// gradient is the incoming one expanded to the input's shape (itself differentiable: double backward).
+// Transforms and forward-mode AD take the composite path, torch.sum.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include "autograd_util.h"
+#include "composite.h"
 #include "ladder.h"
 
 namespace torch_reduce {
@@ -36,6 +38,7 @@ struct LadderSumFunction : public torch::autograd::Function<LadderSumFunction<kV
 
 template <Ladder kVariant>
 at::Tensor ladder_sum_autograd(const at::Tensor& t, int64_t block_size) {
+  if (needs_composite(t)) return composite::ladder_sum(t, block_size, ladder_op_name(kVariant));
   if (!records_grad(t)) return ladder_sum_below_autograd<kVariant>(t, block_size);
   return LadderSumFunction<kVariant>::apply(t, block_size);
 }

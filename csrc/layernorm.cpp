@@ -8,13 +8,26 @@ namespace {
 bool is_float_type(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
+
+void check_device(const at::Tensor& t, const char* name, const at::Tensor& input, const char* op) {
+  TORCH_CHECK(t.device() == input.device(), op, ": ", name, " must be on the input's device ", input.device(),
+              ", got ", t.device());
+}
 }  // namespace
 
-VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef dim, int64_t correction,
-                                bool keepdim, const char* op) {
+double correction_value(const std::optional<at::Scalar>& correction) {
+  return correction.has_value() ? correction->toDouble() : 1.0;
+}
+
+void check_var_mean_dtype(const at::Tensor& input, const char* op) {
   TORCH_CHECK(is_float_type(input.scalar_type()), op,
               ": std and var only support floating point dtypes (float32, float64, float16, bfloat16), got ",
               input.scalar_type());
+}
+
+VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef dim,
+                                const std::optional<at::Scalar>& correction, bool keepdim, const char* op) {
+  check_var_mean_dtype(input, op);
   const int64_t ndim = input.dim();
   // Empty or absent dim reduces everything, as torch.var does; wrap_dim checks range and repeats.
   const std::bitset<at::dim_bitset_size> reduced =
@@ -42,7 +55,7 @@ VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef
   p.var = at::empty(out_shape, input.options().memory_format(at::MemoryFormat::Contiguous));
   p.mean = at::empty(out_shape, input.options().memory_format(at::MemoryFormat::Contiguous));
   p.inner = inner;
-  p.divisor = static_cast<double>(std::max<int64_t>(0, inner - correction));
+  p.divisor = std::max(0.0, static_cast<double>(inner) - correction_value(correction));
   return p;
 }
 
@@ -57,22 +70,54 @@ LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef nor
   const int64_t axis = input.dim() - k;
   TORCH_CHECK(axis >= 0 && input.sizes().slice(axis).equals(normalized_shape), op, ": normalized_shape ",
               normalized_shape, " does not match the input's trailing dims (input shape ", input.sizes(), ")");
+  const bool half_input = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
+  std::optional<at::ScalarType> param_type;
   for (const auto& [param, name] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
-    if (!param->has_value() || !(*param)->defined()) continue;
+    if (!defined(*param)) continue;
     const at::Tensor& p = **param;
+    check_device(p, name, input, op);
     TORCH_CHECK(p.sizes().equals(normalized_shape), op, ": ", name, " must have shape normalized_shape ",
                 normalized_shape, ", got ", p.sizes());
-    TORCH_CHECK(p.scalar_type() == input.scalar_type(), op, ": ", name, " must have the input's dtype ",
-                input.scalar_type(), ", got ", p.scalar_type());
-    TORCH_CHECK(p.device() == input.device(), op, ": ", name, " must be on the input's device ", input.device(),
-                ", got ", p.device());
+    TORCH_CHECK(p.scalar_type() == input.scalar_type() || (half_input && p.scalar_type() == at::kFloat), op, ": ",
+                name, " must have the input's dtype ", input.scalar_type(),
+                half_input ? " (or float32: mixed precision)" : "", ", got ", p.scalar_type());
+    TORCH_CHECK(!param_type || *param_type == p.scalar_type(), op, ": weight and bias must have one dtype, got ",
+                *param_type, " and ", p.scalar_type());
+    param_type = p.scalar_type();
   }
   LayerNormShape s;
+  s.param_type = param_type.value_or(input.scalar_type());
   s.cols = c10::multiply_integers(normalized_shape);
   s.rows = c10::multiply_integers(input.sizes().slice(0, axis));
   s.stat_shape = input.sizes().slice(0, axis).vec();
   s.stat_shape.resize(input.dim(), 1);
   return s;
+}
+
+void check_layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+                          const at::Tensor& rstd, const LayerNormShape& s, const char* op) {
+  check_device(grad_out, "grad_out", input, op);
+  check_device(mean, "mean", input, op);
+  check_device(rstd, "rstd", input, op);
+  TORCH_CHECK(grad_out.sizes().equals(input.sizes()) && grad_out.scalar_type() == input.scalar_type(), op,
+              ": grad_out must have the input's shape ", input.sizes(), " and dtype ", input.scalar_type(), ", got ",
+              grad_out.sizes(), " and ", grad_out.scalar_type());
+  const auto stat_type = stat_scalar_type(input.scalar_type());
+  TORCH_CHECK(mean.numel() == s.rows && rstd.numel() == s.rows && mean.scalar_type() == stat_type &&
+                  rstd.scalar_type() == stat_type,
+              op, ": mean and rstd must be layer_norm_fwd's (", s.rows, " elements of ", stat_type, ")");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_grads(const at::Tensor& input,
+                                                                const std::optional<at::Tensor>& weight,
+                                                                const std::optional<at::Tensor>& bias,
+                                                                std::array<bool, 3> output_mask,
+                                                                const LayerNormShape& s) {
+  const auto dense = input.options().memory_format(at::MemoryFormat::Contiguous);
+  const auto param_dense = dense.dtype(s.param_type);
+  return {output_mask[0] ? at::empty(input.sizes(), dense) : not_requested(input),
+          output_mask[1] && defined(weight) ? at::empty(weight->sizes(), param_dense) : not_requested(input),
+          output_mask[2] && defined(bias) ? at::empty(bias->sizes(), param_dense) : not_requested(input)};
 }
 
 void check_eps(double eps, const char* op) {

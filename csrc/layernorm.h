@@ -16,25 +16,44 @@ struct VarMeanProblem {
   double divisor;        // max(0, inner - correction), as torch.var divides
 };
 
-// torch.var_mean's checks and shapes. dim: None or empty reduces every dim.
-VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef dim, int64_t correction,
-                                bool keepdim, const char* op);
+// torch.var_mean's checks and shapes. dim: None or empty reduces every dim; correction: None means 1,
+// and may be any real number (torch divides by max(0, N - correction)).
+VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef dim,
+                                const std::optional<at::Scalar>& correction, bool keepdim, const char* op);
+double correction_value(const std::optional<at::Scalar>& correction);
+void check_var_mean_dtype(const at::Tensor& input, const char* op);
 
 struct LayerNormShape {
   int64_t rows, cols;
   std::vector<int64_t> stat_shape;  // mean/rstd: the batch dims, then a 1 per normalized dim (as torch)
+  at::ScalarType param_type;        // weight/bias (and their gradients): the input's dtype, or float32
 };
 
-// Checks input, normalized_shape, weight, bias (and eps when given) like F.layer_norm, with clear messages.
+// Checks input, normalized_shape, weight, bias like F.layer_norm, with clear messages: shapes, devices, and
+// dtypes. weight and bias have the input's dtype, or float32 with a 16-bit input: the mixed-precision layout
+// of Apex, Megatron and FSDP (statistics and parameter gradients in float32), which torch's CPU kernel
+// accepts too. Every tensor must be on the input's device, so a meta weight never reaches a real kernel.
 LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                 const char* op);
 void check_eps(double eps, const char* op);
+// layer_norm_bwd's checks beyond layer_norm_shape: grad_out like the input; mean and rstd layer_norm_fwd's.
+void check_layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+                          const at::Tensor& rstd, const LayerNormShape& s, const char* op);
+// layer_norm_bwd's results, allocated: each requested gradient dense, weight's and bias's in the parameters'
+// dtype; an empty tensor for the others (output_mask false, or no weight/bias).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_grads(const at::Tensor& input,
+                                                                const std::optional<at::Tensor>& weight,
+                                                                const std::optional<at::Tensor>& bias,
+                                                                std::array<bool, 3> output_mask,
+                                                                const LayerNormShape& s);
 
 // mean and rstd are kept in the accumulate type: float32 for 16-bit inputs.
 inline at::ScalarType stat_scalar_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 // What layer_norm_bwd returns for a gradient it was not asked for (output_mask false, or no weight/bias).
 inline at::Tensor not_requested(const at::Tensor& like) { return at::empty({0}, like.options()); }
+
+inline bool defined(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
 }  // namespace torch_reduce

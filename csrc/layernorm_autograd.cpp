@@ -1,12 +1,20 @@
 // Autograd for var_mean and the fused LayerNorm, in C++ like the sums' (csrc/dim_reduce_autograd.cpp):
 // a Python autograd kernel costs microseconds on every call, most of a small LayerNorm's time.
-//   var_mean:   d var/dx = 2 (x - mean) / (N - correction), d mean/dx = 1 / N (N: elements per output);
-//   LayerNorm:  reduce::layer_norm_bwd from the saved input, mean and rstd; mean and rstd are statistics
-//               kept for the backward, not results to differentiate.
+//   var_mean:       d var/dx = 2 (x - mean) / (N - correction), d mean/dx = 1 / N (N: elements per output),
+//                   in differentiable ops (double backward through the saved mean, an output of the node);
+//   layer_norm_fwd: reduce::layer_norm_bwd from the saved input, mean and rstd; mean and rstd are statistics
+//                   kept for the backward, not results to differentiate;
+//   layer_norm_bwd: our kernel when its result is not differentiated (an ordinary backward); the composite
+//                   formula when it is (create_graph=True, or a direct call on inputs that require grad).
+//                   For a double backward through layer_norm_fwd, its backward passes mean and rstd
+//                   recomputed as differentiable functions of the input.
+// Transforms and forward-mode AD take the composite path (composite.h).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "autograd_util.h"
+#include "composite.h"
+#include "layernorm.h"
 
 namespace torch_reduce {
 namespace {
@@ -14,32 +22,44 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+using Optional = std::optional<at::Tensor>;
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
 std::tuple<at::Tensor, at::Tensor> var_mean_below_autograd(const at::Tensor& input, at::OptionalIntArrayRef dim,
-                                                            int64_t correction, bool keepdim) {
+                                                            const std::optional<at::Scalar>& correction,
+                                                            bool keepdim) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("reduce::var_mean", "")
                              .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::OptionalIntArrayRef,
-                                                                       int64_t, bool)>();
+                                                                       const std::optional<at::Scalar>&, bool)>();
   return call_below_autograd(op, input, dim, correction, keepdim);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_below_autograd(
-    const at::Tensor& input, c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("reduce::layer_norm_fwd", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                                 const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&,
-                                 const std::optional<at::Tensor>&, double)>();
+Tensor3 layer_norm_fwd_below_autograd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+                                      const Optional& weight, const Optional& bias, double eps) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("reduce::layer_norm_fwd", "")
+          .typed<Tensor3(const at::Tensor&, c10::SymIntArrayRef, const Optional&, const Optional&, double)>();
   return call_below_autograd(op, input, normalized_shape, weight, bias, eps);
+}
+
+using LayerNormBwdSignature = Tensor3(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const at::Tensor&,
+                                      const at::Tensor&, const Optional&, const Optional&, std::array<bool, 3>);
+
+const c10::TypedOperatorHandle<LayerNormBwdSignature>& layer_norm_bwd_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("reduce::layer_norm_bwd", "")
+                             .typed<LayerNormBwdSignature>();
+  return op;
 }
 
 struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, at::OptionalIntArrayRef dim,
-                               int64_t correction, bool keepdim) {
+                               const std::optional<at::Scalar>& correction, bool keepdim) {
     auto [var, mean] = var_mean_below_autograd(input, dim, correction, keepdim);
     save_dims(ctx, input, dim, keepdim);
-    ctx->saved_data["correction"] = correction;
+    ctx->saved_data["correction"] = correction_value(correction);
     ctx->save_for_backward({input, mean});
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: no zeros to add
     return {var, mean};
@@ -54,7 +74,8 @@ struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
     for (int64_t d : dims) count = count * input.sym_size(d);
     at::Tensor grad;
     if (grads[0].defined()) {
-      const c10::SymInt divisor = (count - ctx->saved_data["correction"].toInt()).max(0);
+      const c10::SymFloat divisor =
+          (c10::SymFloat(count) - c10::SymFloat(ctx->saved_data["correction"].toDouble())).max(c10::SymFloat(0.0));
       grad = restore_reduced_dims(grads[0], dims, keepdim) * 2 *
              (input - restore_reduced_dims(saved[1], dims, keepdim)) / c10::Scalar(divisor);
     }
@@ -69,10 +90,10 @@ struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
 
 struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                               const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                               double eps) {
+                               const Optional& weight, const Optional& bias, double eps) {
     auto [out, mean, rstd] = layer_norm_fwd_below_autograd(input, normalized_shape, weight, bias, eps);
     ctx->saved_data["normalized_shape"] = normalized_shape;
+    ctx->saved_data["eps"] = eps;
     ctx->save_for_backward({input, mean, rstd, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
     ctx->mark_non_differentiable({mean, rstd});
     ctx->set_materialize_grads(false);  // no zero gradients made for mean and rstd
@@ -82,7 +103,8 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &input = saved[0], &mean = saved[1], &rstd = saved[2], &weight = saved[3], &bias = saved[4];
+    const at::Tensor &input = saved[0], &weight = saved[3], &bias = saved[4];
+    at::Tensor mean = saved[1], rstd = saved[2];
     // needs_input_grad counts tensor inputs only: input, then weight and bias where given.
     const size_t weight_edge = 1, bias_edge = weight.defined() ? 2 : 1;
     const std::array<bool, 3> mask = {ctx->needs_input_grad(0), weight.defined() && ctx->needs_input_grad(weight_edge),
@@ -90,32 +112,30 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     std::vector<c10::SymInt> normalized_shape;
     for (const auto& size : ctx->saved_data["normalized_shape"].toList())
       normalized_shape.push_back(size.get().toSymInt());
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("reduce::layer_norm_bwd", "")
-                               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                                   const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const at::Tensor&,
-                                   const at::Tensor&, const std::optional<at::Tensor>&,
-                                   const std::optional<at::Tensor>&, std::array<bool, 3>)>();
-    const auto optional = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-    auto [grad_input, grad_weight, grad_bias] = op.call(grads[0].contiguous(), input, normalized_shape, mean, rstd,
-                                                        optional(weight), optional(bias), mask);
+    if (at::GradMode::is_enabled()) {
+      // create_graph=True: the gradient will be differentiated, and it depends on x through mean and rstd too.
+      std::tie(mean, rstd) = composite::layer_norm_stats(input, static_cast<int64_t>(normalized_shape.size()),
+                                                         ctx->saved_data["eps"].toDouble());
+    }
+    const auto optional = [](const at::Tensor& t) { return t.defined() ? Optional(t) : std::nullopt; };
+    auto [grad_input, grad_weight, grad_bias] = layer_norm_bwd_op().call(
+        grads[0].contiguous(), input, normalized_shape, mean, rstd, optional(weight), optional(bias), mask);
     return {mask[0] ? grad_input : at::Tensor(), at::Tensor(), mask[1] ? grad_weight : at::Tensor(),
             mask[2] ? grad_bias : at::Tensor(), at::Tensor()};
   }
 };
 
 std::tuple<at::Tensor, at::Tensor> var_mean_autograd(const at::Tensor& input, at::OptionalIntArrayRef dim,
-                                                     int64_t correction, bool keepdim) {
+                                                     const std::optional<at::Scalar>& correction, bool keepdim) {
+  if (needs_composite(input)) return composite::var_mean(input, dim, correction, keepdim);
   if (!records_grad(input)) return var_mean_below_autograd(input, dim, correction, keepdim);
   const variable_list out = VarMeanFunction::apply(input, dim, correction, keepdim);
   return {out[0], out[1]};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_autograd(const at::Tensor& input,
-                                                                       c10::SymIntArrayRef normalized_shape,
-                                                                       const std::optional<at::Tensor>& weight,
-                                                                       const std::optional<at::Tensor>& bias,
-                                                                       double eps) {
+Tensor3 layer_norm_fwd_autograd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape, const Optional& weight,
+                                const Optional& bias, double eps) {
+  if (needs_composite(input, weight, bias)) return composite::layer_norm_fwd(input, normalized_shape, weight, bias, eps);
   if (!records_grad(input, weight, bias)) {
     return layer_norm_fwd_below_autograd(input, normalized_shape, weight, bias, eps);
   }
@@ -123,11 +143,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_autograd(const at:
   return {out[0], out[1], out[2]};
 }
 
+Tensor3 layer_norm_bwd_autograd(const at::Tensor& grad_out, const at::Tensor& input,
+                                c10::SymIntArrayRef normalized_shape, const at::Tensor& mean, const at::Tensor& rstd,
+                                const Optional& weight, const Optional& bias, std::array<bool, 3> output_mask) {
+  if (needs_composite(grad_out, input, mean, rstd, weight, bias) ||
+      records_grad(grad_out, input, mean, rstd, weight, bias)) {
+    return composite::layer_norm_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+  }
+  return call_below_autograd(layer_norm_bwd_op(), grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                             output_mask);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reduce, Autograd, m) {
   m.impl("var_mean", &var_mean_autograd);
   m.impl("layer_norm_fwd", &layer_norm_fwd_autograd);
+  m.impl("layer_norm_bwd", &layer_norm_bwd_autograd);
 }
 
 }  // namespace torch_reduce

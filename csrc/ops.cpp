@@ -16,8 +16,9 @@ TORCH_LIBRARY(reduce, m) {
   m.def("amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor");
   m.def("amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor");
 
-  // torch.var_mean: dim None or [] reduces every dim; results in the input's dtype.
-  m.def("var_mean(Tensor input, int[1]? dim=None, *, int correction=1, bool keepdim=False) -> (Tensor, Tensor)");
+  // torch.var_mean: dim None or [] reduces every dim; correction None means 1 (any real number: torch divides
+  // by max(0, N - correction)); results in the input's dtype. `unbiased=` lives in the Python wrapper.
+  m.def("var_mean(Tensor input, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> (Tensor, Tensor)");
   // LayerNorm over the trailing normalized_shape dims: out, and per-row mean and 1/sqrt(var + eps) (float32
   // for 16-bit inputs) for the backward. layer_norm_bwd returns (grad_input, grad_weight, grad_bias); a
   // gradient not in output_mask, or of an absent weight/bias, is an empty tensor.

@@ -22,14 +22,20 @@ for name in ("sum", "mean", "amax", "amin"):
         for args in ((), (0,), (1,), ((0, 1),)):
             op(y, *args)
             op(y.t(), *args)
-# LayerNorm and var_mean: one shape per row layout (warp, blocks of 128/256/512, streaming) and column
-# accumulator place (shared memory, global scratch).
-for hidden, dtype in [(768, torch.float32), (1001, torch.float32), (4096, torch.bfloat16), (8192, torch.float32),
-                      (12288, torch.float32), (16384, torch.float32), (40000, torch.float32)]:
+# LayerNorm and var_mean: one shape per row layout of each kernel (warp rows, blocks of 128/256/512, the
+# backward's wide rows, streaming rows with shared-memory or global column sums), mixed-precision parameters,
+# and a misaligned view.
+for hidden, dtype, param_dtype in [(768, torch.float32, None), (1001, torch.float32, None),
+                                   (4096, torch.bfloat16, None), (4096, torch.bfloat16, torch.float32),
+                                   (8192, torch.float32, None), (12288, torch.float32, None),
+                                   (16384, torch.float32, None), (18432, torch.bfloat16, torch.float32),
+                                   (40000, torch.float32, None)]:
     z = torch.randn(40, hidden, device="cuda", dtype=dtype, requires_grad=True)
-    w = torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True)
-    b = torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True)
+    w = torch.randn(hidden, device="cuda", dtype=param_dtype or dtype, requires_grad=True)
+    b = torch.randn(hidden, device="cuda", dtype=param_dtype or dtype, requires_grad=True)
     torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()
     torch_reduce.var_mean(z.detach(), -1)
+shifted = torch.randn(7 * 2048 + 1, device="cuda")[1:].view(7, 2048).requires_grad_()
+torch_reduce.layer_norm(shifted, (2048,), torch.ones(2048, device="cuda", requires_grad=True)).sum().backward()
 torch.cuda.synchronize()
 print("sanitize run done")

@@ -258,3 +258,18 @@ def test_cuda_more_than_2_31_elements():
         xs = x[start:start + 2**16].double()
         ref_dw += (xs * (xs - mean[start:start + 2**16]) * rstd[start:start + 2**16]).sum(0)
     torch.testing.assert_close(dw.double(), ref_dw, rtol=1.6e-2, atol=1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("hidden", [64, 1024, 8192, 40000])
+def test_rows_near_the_largest_float(device, dtype, hidden):
+    """Constant rows near the dtype's largest value: variance 0, so the output is the bias, exactly. A plain
+    float32 row sum overflows to inf there (then NaN), although nothing in the exact result does."""
+    x = torch.full((3, hidden), 3e38, device=device).to(dtype)
+    x[1] = -x[1]
+    bias = torch.randn(hidden, device=device).to(dtype)
+    out = torch_reduce.layer_norm(x, (hidden,), torch.ones(hidden, device=device, dtype=dtype), bias)
+    torch.testing.assert_close(out, bias.expand_as(out), rtol=0, atol=0)
+    var, mean = torch_reduce.var_mean(x, -1)
+    assert torch.equal(var, torch.zeros_like(var)) and torch.equal(mean, x[:, 0])

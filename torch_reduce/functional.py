@@ -1,22 +1,42 @@
 """var_mean and layer_norm with torch's signatures, on torch.ops.reduce (differentiable, torch.compile-able)."""
 from __future__ import annotations
 
+from numbers import Number
 from typing import Optional, Sequence, Union
 
 import torch
 
 _Dims = Union[int, Sequence[int], None]
+_NOT_GIVEN = object()
 
 
-def var_mean(input: torch.Tensor, dim: _Dims = None, *, correction: int = 1,
-             keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.var_mean: (variance, mean) over ``dim`` (all dims when None), dividing by N - correction."""
+def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool = False, *,
+             correction: Optional[Number] = _NOT_GIVEN) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.var_mean: (variance, mean) over ``dim`` (all dims when None), dividing by max(0, N - correction).
+
+    Every form torch accepts: ``var_mean(x, dim, unbiased, keepdim)``, ``var_mean(x, unbiased)`` (a bool in
+    the place of ``dim``: every dim), and ``var_mean(x, dim, *, correction=, keepdim=)`` with an int, a float or
+    None (1) correction; ``unbiased`` and ``correction`` together are refused, as torch refuses them.
+    """
+    if isinstance(dim, bool):  # var_mean(x, False): torch's (input, unbiased) form
+        if unbiased is not _NOT_GIVEN or keepdim or correction is not _NOT_GIVEN:
+            raise TypeError("var_mean(): var_mean(input, unbiased) takes no other arguments")
+        dim, unbiased = None, dim
+    if unbiased is not _NOT_GIVEN and correction is not _NOT_GIVEN:
+        raise TypeError("var_mean(): received an invalid combination of arguments: pass unbiased= or correction=, "
+                        "not both")
+    if unbiased is not _NOT_GIVEN:
+        correction = 1 if unbiased else 0
+    elif correction is _NOT_GIVEN:
+        correction = None
     dims = [dim] if isinstance(dim, int) else (None if dim is None else list(dim))
-    return torch.ops.reduce.var_mean.default(input, dims, correction=int(correction), keepdim=keepdim)
+    return torch.ops.reduce.var_mean.default(input, dims, correction=correction, keepdim=keepdim)
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
-    """F.layer_norm: normalize over the trailing ``normalized_shape`` dims, then scale and shift."""
+    """F.layer_norm: normalize over the trailing ``normalized_shape`` dims, then scale and shift. weight and
+    bias may be float32 beside a float16/bfloat16 input (mixed precision): the output keeps the input's dtype,
+    their gradients are float32."""
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     return torch.ops.reduce.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]

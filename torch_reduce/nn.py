@@ -14,22 +14,35 @@ class LayerNorm(torch.nn.LayerNorm):
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-def _converted(norm: torch.nn.LayerNorm) -> LayerNorm:
-    """A LayerNorm holding the very same Parameter objects (so optimizers and tied weights still see them)."""
-    new = LayerNorm(norm.normalized_shape, norm.eps, elementwise_affine=False)  # no parameters of its own
-    new.elementwise_affine = norm.elementwise_affine
-    new.weight, new.bias = norm.weight, norm.bias
-    new.train(norm.training)
-    return new
+_CONVERTED_SUBCLASSES: dict[type, type] = {}
+
+
+def _converted_class(cls: type) -> type | None:
+    """The class a module of class ``cls`` becomes, or None when it stays as it is: torch.nn.LayerNorm becomes
+    our LayerNorm; a subclass that keeps nn.LayerNorm's forward becomes a subclass of it with our forward (its
+    own methods and isinstance kept); a subclass with a forward of its own is left alone, since we cannot know
+    what that forward means (e.g. CLIP's LayerNorm that computes in float32 and casts back)."""
+    if cls is torch.nn.LayerNorm:
+        return LayerNorm
+    if not issubclass(cls, torch.nn.LayerNorm) or cls.forward is not torch.nn.LayerNorm.forward:
+        return None
+    if cls not in _CONVERTED_SUBCLASSES:
+        _CONVERTED_SUBCLASSES[cls] = type(cls.__name__, (cls,), {"forward": LayerNorm.forward,
+                                                                  "__module__": cls.__module__,
+                                                                  "__qualname__": cls.__qualname__})
+    return _CONVERTED_SUBCLASSES[cls]
 
 
 def convert_layernorm(module: torch.nn.Module) -> torch.nn.Module:
-    """Replace every torch.nn.LayerNorm inside ``module`` in place; returns ``module`` (or, when ``module``
-    is itself a LayerNorm, its replacement)."""
-    if isinstance(module, torch.nn.LayerNorm) and not isinstance(module, LayerNorm):
-        return _converted(module)
-    for parent in module.modules():
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.LayerNorm) and not isinstance(child, LayerNorm):
-                setattr(parent, name, _converted(child))
+    """Switch every torch.nn.LayerNorm inside ``module`` (``module`` itself included) to torch_reduce's kernels,
+    in place, and return ``module``.
+
+    Each module keeps its identity: only its class changes, so its Parameter objects (seen by optimizers,
+    tied weights), hooks, buffers, attributes and training mode all stay. Subclasses with a forward of their
+    own are left alone (see ``_converted_class``).
+    """
+    for child in module.modules():
+        cls = _converted_class(type(child))
+        if cls is not None:
+            child.__class__ = cls
     return module

@@ -1,9 +1,11 @@
 """Python side of the registered ops: fake (meta) kernels for torch.compile.
 
-Autograd is registered in C++ (csrc/ladder_autograd.cpp, dim_reduce_autograd.cpp, layernorm_autograd.cpp),
-so a call pays no Python autograd wrapper.
+Autograd and autocast are registered in C++ (csrc/*_autograd.cpp, csrc/autocast.cpp), so a call pays no
+Python wrapper.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -81,21 +83,63 @@ for _name in ("sum", "mean", "amax", "amin"):
 # ------------------------------------------------------------------------------------------------ var_mean ----
 
 @torch.library.register_fake("reduce::var_mean")
-def _var_mean_fake(input, dim=None, *, correction=1, keepdim=False):
+def _var_mean_fake(input, dim=None, *, correction=None, keepdim=False):
     # torch.var_mean's own meta function gives the shape, the dtype and the errors; ours are contiguous.
     var, _ = torch.var_mean(input, dim=dim or None, correction=correction, keepdim=keepdim)
     return input.new_empty(var.shape), input.new_empty(var.shape)
 
 
 # ----------------------------------------------------------------------------------------------- LayerNorm ----
+# The fake kernels check what csrc/layernorm.cpp checks (shapes, dtypes, devices), in the same words: a call
+# whose real kernel would raise must raise under torch.compile and on meta tensors too, and a meta weight
+# beside a real input (the dispatcher then picks this kernel) must raise, not return an empty tensor.
+
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
 
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     """mean/rstd of layer_norm_fwd: float32 for 16-bit inputs (the accumulate type), else the input's."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _check_device(op, name, t, input):
+    if t.device != input.device:
+        raise RuntimeError(f"{op}: {name} must be on the input's device {input.device}, got {t.device}")
+
+
+def _layer_norm_param_dtype(op, input, normalized_shape, weight, bias) -> torch.dtype:
+    """layer_norm_shape's checks; returns the dtype of weight and bias (and of their gradients)."""
+    if input.dtype not in _FLOATS:
+        raise RuntimeError(f"{op}: expected a float32, float64, float16 or bfloat16 input, got {input.dtype}")
+    if len(normalized_shape) < 1:
+        raise RuntimeError(f"{op}: normalized_shape must name at least one dim, got []")
+    axis = input.dim() - len(normalized_shape)
+    if axis < 0 or list(input.shape[axis:]) != list(normalized_shape):
+        raise RuntimeError(f"{op}: normalized_shape {list(normalized_shape)} does not match the input's trailing "
+                           f"dims (input shape {list(input.shape)})")
+    half_input = input.dtype in (torch.float16, torch.bfloat16)
+    param_dtype = None
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        _check_device(op, name, p, input)
+        if list(p.shape) != list(normalized_shape):
+            raise RuntimeError(f"{op}: {name} must have shape normalized_shape {list(normalized_shape)}, "
+                               f"got {list(p.shape)}")
+        if not (p.dtype == input.dtype or (half_input and p.dtype == torch.float32)):
+            raise RuntimeError(f"{op}: {name} must have the input's dtype {input.dtype}"
+                               f"{' (or float32: mixed precision)' if half_input else ''}, got {p.dtype}")
+        if param_dtype is not None and p.dtype != param_dtype:
+            raise RuntimeError(f"{op}: weight and bias must have one dtype, got {param_dtype} and {p.dtype}")
+        param_dtype = p.dtype
+    return param_dtype or input.dtype
+
+
 @torch.library.register_fake("reduce::layer_norm_fwd")
 def _layer_norm_fwd_fake(input, normalized_shape, weight, bias, eps):
+    _layer_norm_param_dtype("reduce::layer_norm_fwd", input, normalized_shape, weight, bias)
+    if eps < 0:
+        raise RuntimeError(f"reduce::layer_norm_fwd: eps must be non-negative, got {eps}")
     axis = input.dim() - len(normalized_shape)
     stat_shape = list(input.shape[:axis]) + [1] * len(normalized_shape)
     stat_dtype = _stat_dtype(input.dtype)
@@ -105,7 +149,20 @@ def _layer_norm_fwd_fake(input, normalized_shape, weight, bias, eps):
 
 @torch.library.register_fake("reduce::layer_norm_bwd")
 def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
-    def grad_like(wanted, t):  # a gradient not asked for (or of an absent weight/bias) is an empty tensor
-        return input.new_empty(t.shape) if wanted and t is not None else input.new_empty((0,))
+    op = "reduce::layer_norm_bwd"
+    param_dtype = _layer_norm_param_dtype(op, input, normalized_shape, weight, bias)
+    for name, t in (("grad_out", grad_out), ("mean", mean), ("rstd", rstd)):
+        _check_device(op, name, t, input)
+    if grad_out.shape != input.shape or grad_out.dtype != input.dtype:
+        raise RuntimeError(f"{op}: grad_out must have the input's shape {list(input.shape)} and dtype {input.dtype}, "
+                           f"got {list(grad_out.shape)} and {grad_out.dtype}")
+    rows = math.prod(input.shape[:input.dim() - len(normalized_shape)])
+    stat_dtype = _stat_dtype(input.dtype)
+    if mean.numel() != rows or rstd.numel() != rows or mean.dtype != stat_dtype or rstd.dtype != stat_dtype:
+        raise RuntimeError(f"{op}: mean and rstd must be layer_norm_fwd's ({rows} elements of {stat_dtype})")
 
-    return grad_like(output_mask[0], input), grad_like(output_mask[1], weight), grad_like(output_mask[2], bias)
+    def grad_like(wanted, t, dtype):  # a gradient not asked for (or of an absent weight/bias) is an empty tensor
+        return input.new_empty(t.shape, dtype=dtype) if wanted and t is not None else input.new_empty((0,))
+
+    return (grad_like(output_mask[0], input, input.dtype), grad_like(output_mask[1], weight, param_dtype),
+            grad_like(output_mask[2], bias, param_dtype))

@@ -10,6 +10,10 @@
 #define TORCH_REDUCE_DISPATCH(TYPE, NAME, ...) \
   AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), AT_EXPAND(AT_ALL_TYPES), at::kHalf, at::kBFloat16, at::kBool)
 
+// Statistics (var_mean, LayerNorm) take the floating types only.
+#define TORCH_REDUCE_DISPATCH_FLOATING(TYPE, NAME, ...) \
+  AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), AT_EXPAND(AT_FLOATING_TYPES), at::kHalf, at::kBFloat16)
+
 namespace torch_reduce {
 
 // Calls f(std::integral_constant<unsigned, V>) for a run-time power of two `value` in [LO, HI] (a block size,
@@ -23,6 +27,16 @@ void with_power_of_two(int64_t value, F&& f) {
   } else {
     with_power_of_two<LO * 2, HI>(value, std::forward<F>(f));
   }
+}
+
+// Calls f(param_t()) with the C++ type of LayerNorm's weight and bias for a scalar_t input: scalar_t, or float
+// for a 16-bit input with float32 parameters (mixed precision).
+template <typename scalar_t, typename F>
+void with_param_type(at::ScalarType param_type, F&& f) {
+  if constexpr (sizeof(scalar_t) == 2) {
+    if (param_type == at::kFloat) return f(float());
+  }
+  f(scalar_t());
 }
 
 // What a reduction accumulates in, as torch.sum does: 16-bit floats in float32, integers and bool in int64.
@@ -51,10 +65,6 @@ using acc_type = typename AccumulateType<T>::type;
 
 // torch.sum's result dtype: floating inputs keep theirs, integers and bool give int64.
 inline at::ScalarType sum_result_type(at::ScalarType t) { return at::isFloatingType(t) ? t : at::kLong; }
-
-inline at::ScalarType accumulate_scalar_type(at::ScalarType t) {
-  return t == at::kDouble ? at::kDouble : (at::isFloatingType(t) ? at::kFloat : at::kLong);
-}
 
 // A clear error for complex, float8, unsigned 16/32/64-bit and every other dtype the dispatch above skips.
 inline void check_reducible_dtype(const at::Tensor& t, const char* op) {

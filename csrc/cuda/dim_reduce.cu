@@ -13,8 +13,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <mutex>
-#include <unordered_map>
 
 #include "common/dispatch.h"
 #include "cuda/block_reduce.cuh"
@@ -26,23 +24,12 @@ namespace {
 
 constexpr unsigned kBlock = 256;
 
-int64_t multiprocessors() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // How many blocks of `kernel` (kBlock threads) the GPU runs at once: one wave.
 template <typename Kernel>
 int64_t resident_blocks(Kernel kernel) {
-  static std::mutex mutex;
-  static std::unordered_map<const void*, int> blocks_per_sm;  // per kernel: kernels may share a signature
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = blocks_per_sm.find(reinterpret_cast<const void*>(kernel));
-  if (it == blocks_per_sm.end()) {
-    int blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kBlock, 0));
-    it = blocks_per_sm.emplace(reinterpret_cast<const void*>(kernel), std::max(blocks, 1)).first;
-  }
-  return it->second * multiprocessors();
+  return resident_blocks_per_sm(kernel, kBlock) * multiprocessors();
 }
 
 // Into how many splits to cut the reduced extent when `blocks` blocks cover the outputs once. Equal

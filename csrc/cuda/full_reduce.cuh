@@ -12,12 +12,11 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-#include <mutex>
 #include <type_traits>
-#include <unordered_map>
 
 #include "common/reduce_ops.h"
 #include "cuda/block_reduce.cuh"
+#include "cuda/launch.cuh"
 
 namespace torch_reduce::cuda {
 
@@ -161,33 +160,13 @@ __global__ void __launch_bounds__(BLOCK)
   }
 }
 
-// A zeroed ticket counter per stream, reset by the last block of each launch: launches on one stream run
-// in order, so they never share it, and no memset is needed per call (that would be a second launch).
-inline unsigned* ticket_for_current_stream() {
-  static std::mutex mutex;
-  static std::unordered_map<cudaStream_t, at::Tensor> tickets;
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = tickets.find(stream.stream());
-  if (it == tickets.end()) {
-    auto ticket = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, stream.device_index()));
-    it = tickets.emplace(stream.stream(), ticket).first;
-  }
-  return reinterpret_cast<unsigned*>(it->second.data_ptr<int32_t>());
-}
-
 // Blocks to launch: enough to cover the input once with kUnroll vectors per thread, capped at what the
 // multiprocessors hold at once (a grid-stride loop covers the rest).
 template <unsigned BLOCK, typename Kernel>
 int64_t device_reduce_grid(Kernel kernel, int64_t vectors) {
-  static int blocks_per_sm = [&] {
-    int blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, BLOCK, 0));
-    return blocks > 0 ? blocks : 1;
-  }();
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t resident = resident_blocks_per_sm(kernel, BLOCK) * multiprocessors();
   const int64_t wanted = (vectors + int64_t(BLOCK) * kUnroll - 1) / (int64_t(BLOCK) * kUnroll);
-  return std::max<int64_t>(1, std::min<int64_t>(wanted, sms * blocks_per_sm));
+  return std::max<int64_t>(1, std::min<int64_t>(wanted, resident));
 }
 
 // Reduce n contiguous elements at `in` into out[0]. single_pass: last-block fold; else a second launch.

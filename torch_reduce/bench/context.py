@@ -28,7 +28,8 @@ class Context:
     def pct_of_line(self, gbps: float) -> float:
         return 100.0 * gbps / self.line_gbps
 
-    def write_json(self, section: str, records: list[dict]) -> Path:
+    def write_json(self, section: str, records: list[dict], section_meta: dict | None = None) -> Path:
+        """``section_meta``: the section's own facts (e.g. a baseline's version), added to the common ones."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"{section}.json"
         meta = {
@@ -37,6 +38,7 @@ class Context:
             "cuda": torch.version.cuda,
             "line_gbps": self.line_gbps,
             "quick": self.quick,
+            **(section_meta or {}),
         }
         path.write_text(json.dumps({"meta": meta, "records": records}, indent=1))
         return path

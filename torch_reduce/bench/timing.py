@@ -67,8 +67,13 @@ def time_launches(fn: Callable, inputs: Sequence, *, warmup: int = 3, budget_ms:
     return Timing(statistics.median(s.elapsed_time(e) for s, e in events), samples)
 
 
-def time_graph(fn: Callable, inputs: Sequence, *, calls_per_graph: int | None = None, replays: int = 20) -> Timing:
-    """Median over graph replays of the per-call time: one graph holds one call per rotated input."""
+def time_graph(fn: Callable, inputs: Sequence, *, calls_per_graph: int | None = None, replays: int = 20,
+               capture_stream: torch.cuda.Stream | None = None) -> Timing:
+    """Median over graph replays of the per-call time: one graph holds one call per rotated input.
+
+    ``capture_stream``: the stream to capture on (default: torch's). A backward whose forward ran before the
+    capture must be captured on that forward's stream, since autograd runs each backward op there.
+    """
     calls = calls_per_graph or len(inputs)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -77,7 +82,7 @@ def time_graph(fn: Callable, inputs: Sequence, *, calls_per_graph: int | None = 
             fn(inputs[i % len(inputs)])
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=capture_stream):
         for i in range(calls):
             fn(inputs[i % len(inputs)])
     graph.replay()

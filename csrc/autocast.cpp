@@ -1,0 +1,68 @@
+// Autocast: each op gets the policy torch gives its matching aten op (aten/src/ATen/autocast_mode.cpp).
+// On CUDA:
+//   layer_norm_fwd     as aten::layer_norm: fp32 (every floating input cast to float32, a float32 result);
+//   sum, the ladder    as aten::sum: fp32_set_opt_dtype (a floating, non-double input without dtype= sums
+//                      to float32; the ladder ops have no dtype=, so such an input is cast to float32);
+//   mean, amax, amin, var_mean, layer_norm_bwd: in none of torch's lists, so they run as called (the
+//                      fallthrough that torch registers for every op).
+// On the CPU torch autocasts none of them: they run as called, and a bfloat16 activation reaches LayerNorm
+// with float32 parameters (the mixed-precision kernels take that).
+// The casts happen above autograd, as torch's do: the backward sees float32 and the cast's own backward
+// returns the input's dtype.
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "ladder.h"
+
+namespace torch_reduce {
+namespace {
+
+constexpr auto kDevice = c10::DeviceType::CUDA;
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> typed_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+at::Tensor sum_autocast(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                        std::optional<at::ScalarType> dtype) {
+  using Signature = at::Tensor(const at::Tensor&, at::OptionalIntArrayRef, bool, std::optional<at::ScalarType>);
+  static const auto op = typed_op<Signature>("reduce::sum");
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  const bool eligible = at::autocast::is_eligible(self, kDevice);
+  return op.call(self, dim, keepdim, dtype.has_value() || !eligible ? dtype : std::optional(at::kFloat));
+}
+
+template <Ladder kVariant>
+at::Tensor ladder_autocast(const at::Tensor& t, int64_t block_size) {
+  static const auto op = typed_op<at::Tensor(const at::Tensor&, int64_t)>(ladder_op_name(kVariant));
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  return op.call(at::autocast::cached_cast(at::kFloat, t, kDevice), block_size);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_autocast(const at::Tensor& input,
+                                                                       c10::SymIntArrayRef normalized_shape,
+                                                                       const std::optional<at::Tensor>& weight,
+                                                                       const std::optional<at::Tensor>& bias,
+                                                                       double eps) {
+  using Optional = std::optional<at::Tensor>;
+  static const auto op = typed_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, c10::SymIntArrayRef, const Optional&, const Optional&, double)>("reduce::layer_norm_fwd");
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  return op.call(at::autocast::cached_cast(at::kFloat, input, kDevice), normalized_shape,
+                 at::autocast::cached_cast(at::kFloat, weight, kDevice),
+                 at::autocast::cached_cast(at::kFloat, bias, kDevice), eps);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reduce, AutocastCUDA, m) {
+  m.impl("sum", &sum_autocast);
+  m.impl("layer_norm_fwd", &layer_norm_fwd_autocast);
+#define TORCH_REDUCE_AUTOCAST(name, variant) m.impl(#name, &ladder_autocast<Ladder::variant>);
+  TORCH_REDUCE_LADDER(TORCH_REDUCE_AUTOCAST)
+#undef TORCH_REDUCE_AUTOCAST
+}
+
+}  // namespace torch_reduce

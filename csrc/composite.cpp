@@ -1,0 +1,110 @@
+#include "composite.h"
+
+#include "common/dispatch.h"
+#include "dim_reduce.h"
+#include "ladder.h"
+#include "layernorm.h"
+
+namespace torch_reduce::composite {
+namespace {
+
+// The trailing `count` dims of a `ndim`-dim tensor: LayerNorm's normalized dims.
+std::vector<int64_t> trailing_dims(int64_t ndim, int64_t count) {
+  std::vector<int64_t> dims;
+  for (int64_t d = ndim - count; d < ndim; ++d) dims.push_back(d);
+  return dims;
+}
+
+std::vector<int64_t> leading_dims(int64_t ndim, int64_t count) {
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < ndim - count; ++d) dims.push_back(d);
+  return dims;
+}
+
+}  // namespace
+
+at::Tensor ladder_sum(const at::Tensor& t, int64_t block_size, const char* op) {
+  ladder_input(t, block_size, op);  // the ladder's checks and errors
+  return at::sum(t);
+}
+
+at::Tensor sum(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype) {
+  check_reducible_dtype(self, "sum");
+  return at::sum(self, dim, keepdim, dtype);
+}
+
+at::Tensor mean(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                std::optional<at::ScalarType> dtype) {
+  check_reducible_dtype(self, "mean");
+  return at::mean(self, dim, keepdim, dtype);
+}
+
+at::Tensor amax(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  check_reducible_dtype(self, "amax");
+  return at::amax(self, dim, keepdim);
+}
+
+at::Tensor amin(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+  check_reducible_dtype(self, "amin");
+  return at::amin(self, dim, keepdim);
+}
+
+std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& input, at::OptionalIntArrayRef dim,
+                                            const std::optional<at::Scalar>& correction, bool keepdim) {
+  check_var_mean_dtype(input, "reduce::var_mean");
+  const bool all_dims = !dim.has_value() || dim->empty();
+  return at::var_mean(input, all_dims ? at::OptionalIntArrayRef() : dim, at::Scalar(correction_value(correction)),
+                      keepdim);
+}
+
+std::tuple<at::Tensor, at::Tensor> layer_norm_stats(const at::Tensor& input, int64_t normalized_dims, double eps) {
+  const at::Tensor x = input.to(stat_scalar_type(input.scalar_type()));
+  auto [var, mean] = at::var_mean(x, trailing_dims(x.dim(), normalized_dims), /*correction=*/0, /*keepdim=*/true);
+  return {mean, (var + eps).rsqrt()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& input,
+                                                              c10::SymIntArrayRef normalized_shape,
+                                                              const std::optional<at::Tensor>& weight,
+                                                              const std::optional<at::Tensor>& bias, double eps) {
+  layer_norm_shape(input, normalized_shape, weight, bias, "reduce::layer_norm_fwd");
+  check_eps(eps, "reduce::layer_norm_fwd");
+  const auto [mean, rstd] = layer_norm_stats(input, static_cast<int64_t>(normalized_shape.size()), eps);
+  at::Tensor y = (input.to(mean.scalar_type()) - mean) * rstd;
+  if (defined(weight)) y = y * *weight;
+  if (defined(bias)) y = y + *bias;
+  // mean and rstd are statistics for the backward, not results to differentiate (as torch's native_layer_norm).
+  return {y.to(input.scalar_type()), mean.detach(), rstd.detach()};
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight, xhat = (x - mean) * rstd, with mean and
+// rstd as given (differentiable when they are functions of x); dw, db = column sums of dy * xhat and dy.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
+    const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape, const at::Tensor& mean,
+    const at::Tensor& rstd, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    std::array<bool, 3> output_mask) {
+  const char* op = "reduce::layer_norm_bwd";
+  const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
+  check_layer_norm_bwd(grad_out, input, mean, rstd, s, op);
+  const auto k = static_cast<int64_t>(normalized_shape.size());
+  const auto stat_type = mean.scalar_type();
+  std::vector<c10::SymInt> stat_shape(input.sym_sizes().begin(), input.sym_sizes().end() - k);
+  stat_shape.resize(input.dim(), 1);
+  const at::Tensor m = mean.reshape_symint(stat_shape), r = rstd.reshape_symint(stat_shape);
+  const at::Tensor dy = grad_out.to(stat_type);
+  const at::Tensor xhat = (input.to(stat_type) - m) * r;
+  at::Tensor grad_input = not_requested(input), grad_weight = not_requested(input), grad_bias = not_requested(input);
+  if (output_mask[0]) {
+    const at::Tensor g = defined(weight) ? dy * *weight : dy;
+    const auto dims = trailing_dims(input.dim(), k);
+    grad_input = (r * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true))).to(input.scalar_type());
+  }
+  // Column sums over the batch dims (none: the input is one row; sum(dim=[]) would sum everything).
+  const auto batch = leading_dims(input.dim(), k);
+  const auto column_sum = [&](const at::Tensor& t) { return (batch.empty() ? t : t.sum(batch)).to(s.param_type); };
+  if (output_mask[1] && defined(weight)) grad_weight = column_sum(dy * xhat);
+  if (output_mask[2] && defined(bias)) grad_bias = column_sum(dy);
+  return {grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace torch_reduce::composite

@@ -1,0 +1,38 @@
+#pragma once
+// Every op written in aten ops: the exact path for what the fast C++ autograd kernels do not cover.
+// torch differentiates aten ops in every mode (double backward, forward-mode AD, functorch's grad, vjp,
+// jvp, vmap), so an op that takes this path inherits all of them. The autograd kernels take it when a
+// functorch transform is active, when an input carries a forward-mode tangent, and (layer_norm_bwd) when
+// its own result will be differentiated (create_graph=True). Slower than our kernels; never a different
+// answer: the same checks run first, and the formulas are torch's.
+#include <ATen/ATen.h>
+
+#include <array>
+#include <optional>
+#include <tuple>
+
+namespace torch_reduce::composite {
+
+at::Tensor ladder_sum(const at::Tensor& t, int64_t block_size, const char* op);
+at::Tensor sum(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype);
+at::Tensor mean(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                std::optional<at::ScalarType> dtype);
+at::Tensor amax(const at::Tensor& self, at::IntArrayRef dim, bool keepdim);
+at::Tensor amin(const at::Tensor& self, at::IntArrayRef dim, bool keepdim);
+std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& input, at::OptionalIntArrayRef dim,
+                                            const std::optional<at::Scalar>& correction, bool keepdim);
+
+// LayerNorm's row statistics as differentiable functions of the input: mean and 1/sqrt(var + eps) over the
+// trailing `normalized_dims` dims, kept as size-1 dims, in the statistics' dtype (float32 for 16-bit inputs).
+std::tuple<at::Tensor, at::Tensor> layer_norm_stats(const at::Tensor& input, int64_t normalized_dims, double eps);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& input,
+                                                              c10::SymIntArrayRef normalized_shape,
+                                                              const std::optional<at::Tensor>& weight,
+                                                              const std::optional<at::Tensor>& bias, double eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
+    const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape, const at::Tensor& mean,
+    const at::Tensor& rstd, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    std::array<bool, 3> output_mask);
+
+}  // namespace torch_reduce::composite

@@ -1,0 +1,380 @@
+// LayerNorm backward on the GPU, one pass over x and dy:
+//   grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * weight, xhat = (x - mean) * rstd;
+//   grad_weight, grad_bias = column sums of dy * xhat and dy, without float atomics: a resident grid of blocks
+//   walks the rows, each block sums its rows' columns into one partial row, and column_fold_kernel folds the
+//   partials in a fixed order (the same bits on every run). x and dy are read once: 3 x N elements of traffic
+//   (torch reads them twice, once for grad_input and once for the column sums).
+// Row kernel (16-byte aligned rows): thread t of a row's group owns the same columns in every row it visits
+// (row_layout.cuh), so its column sums stay in registers, two accumulators an element, from the first row to
+// the last. Where a row's x and dy are between the two passes (RowSource):
+//   Held:   in registers (16-bit ones packed), for rows of up to 32 elements a thread (16 in float64);
+//   Reread: wider rows (up to 40 elements a thread): read again in the second pass, from L2 (the block's
+//           row was just read), so that the registers hold the accumulators alone.
+// Measured on the H200 and kept out: staging the next row in shared memory with cp.async while this one is
+// computed (two stages, no register copy of the row) was slower in float32 (65536x4096: 65% of the line
+// against 82%) and no faster in bfloat16 overall: the bfloat16 kernel is bound by its arithmetic and the
+// per-row reductions, not by loads in flight.
+// Streaming kernel (rows that are not 16-byte aligned, or wider): element by element, the column sums in
+// shared memory, or in global scratch when two blocks' worth do not fit an SM.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "common/dispatch.h"
+#include "common/reduce_ops.h"
+#include "cuda/launch.cuh"
+#include "cuda/row_layout.cuh"
+#include "layernorm.h"
+
+namespace torch_reduce::cuda {
+namespace {
+
+enum class RowSource { Held, Reread };
+
+// Row vectors a thread handles, so that its 2 x elements column accumulators (and a Held row's x and dy) fit
+// the 128 registers a thread gets at 512 threads per SM.
+template <typename scalar_t>
+constexpr int kHeldItems = sizeof(scalar_t) == 8 ? 4 : 24 / Vec16<scalar_t>::kSize;     // fp32 6, 16-bit 3
+template <typename scalar_t>
+constexpr int kRereadItems = sizeof(scalar_t) == 8 ? 0 : 40 / Vec16<scalar_t>::kSize;   // fp32 10, 16-bit 5
+constexpr unsigned kBackwardThreads = 512;  // resident threads per SM the row kernel is compiled for
+// The smallest block per row: 128-thread blocks of 4 vectors ran faster than 64-thread blocks of 8
+// (bfloat16 16384x4096 on the H200, an earlier kernel: 251 vs 201 us).
+constexpr unsigned kMinBackwardBlock = 128;
+
+// g = dy * weight rounded on its own: an FMA fusing it into `g - mean_g` would keep the product's rounding
+// error, which rstd then amplifies (a constant row, e.g. hidden = 1, must give exactly zero).
+__device__ __forceinline__ float mul_rounded(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rounded(double a, double b) { return __dmul_rn(a, b); }
+
+// A 16-byte load the compiler may not merge with an earlier load of the same address: the Reread kernel's
+// second pass reads x and dy again instead of keeping the first pass's values alive.
+template <typename scalar_t>
+__device__ __forceinline__ Vec16<scalar_t> load_vector_again(const Vec16<scalar_t>* p) {
+  uint4 raw;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+               : "l"(p));
+  Vec16<scalar_t> v;
+  memcpy(&v, &raw, sizeof(v));
+  return v;
+}
+
+template <unsigned GROUP, unsigned BLOCK, int ITEMS, RowSource kSource, typename scalar_t, typename param_t,
+          typename acc_t>
+__global__ void __launch_bounds__(BLOCK, kBackwardThreads / BLOCK)
+    layer_norm_bwd_rows_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
+                               const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
+                               const param_t* __restrict__ weight, scalar_t* __restrict__ grad_in, int64_t rows,
+                               int64_t cols, acc_t* __restrict__ partials) {
+  using V = Vec16<scalar_t>;
+  constexpr int kSize = V::kSize;
+  constexpr unsigned kGroups = BLOCK / GROUP;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  const unsigned group = threadIdx.x / GROUP, t = threadIdx.x % GROUP;
+  const int64_t vectors = cols / kSize, step = static_cast<int64_t>(gridDim.x) * kGroups;
+  const acc_t inv_cols = acc_t(1) / static_cast<acc_t>(cols);
+  // Vector k (column vector i) of tensor j (0: x, 1: dy) of the current row; again: the second pass.
+  RowRegisters<scalar_t, kSource == RowSource::Held ? ITEMS : 1> xr, dyr;
+  const auto row_vector = [&](int j, int64_t row, int k, int64_t i, bool again) {
+    if constexpr (kSource == RowSource::Held) {
+      return j == 0 ? xr.v[k] : dyr.v[k];
+    } else {
+      const auto* p = reinterpret_cast<const V*>((j == 0 ? in : grad_out) + row * cols) + i;
+      return again ? load_vector_again(p) : load_vector(p);
+    }
+  };
+
+  acc_t dw[ITEMS][kSize], db[ITEMS][kSize];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+#pragma unroll
+    for (int e = 0; e < kSize; ++e) dw[k][e] = db[k][e] = 0;
+  }
+  // The group's rows; whole groups iterate together, so every thread reaches the group's reductions.
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kGroups + group; row < rows; row += step) {
+    if constexpr (kSource == RowSource::Held) {
+      load_row<GROUP>(xr, in + row * cols, vectors, t);
+      load_row<GROUP>(dyr, grad_out + row * cols, vectors, t);
+    }
+    const acc_t mu = mean[row], rs = rstd[row];
+    // f(k, i, x, dy, weight) on each of the thread's vectors of the row (weight 1 without one).
+    const auto visit_row = [&](bool again, auto f) {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int64_t i = t + static_cast<int64_t>(k) * GROUP;
+        if (i >= vectors) continue;
+        acc_t wv[kSize];
+        if (weight != nullptr) {
+          load_params(weight, i * kSize, wv);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kSize; ++e) wv[e] = 1;
+        }
+        f(k, i, row_vector(0, row, k, i, again), row_vector(1, row, k, i, again), wv);
+      }
+    };
+    SumPair<acc_t> sums = SumPairOp<acc_t>::identity();  // sum(g), sum(g * xhat)
+    visit_row(false, [&](int, int64_t, const V& xv, const V& dv, const acc_t(&wv)[kSize]) {
+#pragma unroll
+      for (int e = 0; e < kSize; ++e) {
+        const acc_t d = static_cast<acc_t>(dv.value[e]);
+        const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
+        sums.first += g;
+        sums.second += g * ((static_cast<acc_t>(xv.value[e]) - mu) * rs);
+      }
+    });
+    sums = group_allreduce<GROUP, BLOCK>(sums, SumPairOp<acc_t>());
+    if constexpr (kSource == RowSource::Held) {
+      repack(xr);
+      repack(dyr);
+    }
+    const acc_t mean_g = sums.first * inv_cols, mean_gx = sums.second * inv_cols;
+    visit_row(true, [&](int k, int64_t i, const V& xv, const V& dv, const acc_t(&wv)[kSize]) {
+      V o;
+#pragma unroll
+      for (int e = 0; e < kSize; ++e) {
+        const acc_t d = static_cast<acc_t>(dv.value[e]), xhat = (static_cast<acc_t>(xv.value[e]) - mu) * rs;
+        const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
+        dw[k][e] += d * xhat;
+        db[k][e] += d;
+        o.value[e] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx));
+      }
+      if (grad_in != nullptr) store_vector(reinterpret_cast<V*>(grad_in + row * cols) + i, o);
+    });
+  }
+  if (partials == nullptr) return;
+  // The block's partial row (weight sums, then bias sums). Several groups (warp rows) meet in shared
+  // memory first and are added in group order.
+  acc_t* const partial = partials + blockIdx.x * (2 * cols);
+  if constexpr (kGroups == 1) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t i = t + static_cast<int64_t>(k) * GROUP;
+      if (i >= vectors) continue;
+#pragma unroll
+      for (int e = 0; e < kSize; ++e) {
+        partial[i * kSize + e] = dw[k][e];
+        partial[cols + i * kSize + e] = db[k][e];
+      }
+    }
+  } else {
+    acc_t* const columns = reinterpret_cast<acc_t*>(shared_bytes);  // [group][weight | bias][cols]
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t i = t + static_cast<int64_t>(k) * GROUP;
+      if (i >= vectors) continue;
+#pragma unroll
+      for (int e = 0; e < kSize; ++e) {
+        columns[group * 2 * cols + i * kSize + e] = dw[k][e];
+        columns[group * 2 * cols + cols + i * kSize + e] = db[k][e];
+      }
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < 2 * cols; c += BLOCK) {
+      acc_t sum = 0;
+      for (unsigned g = 0; g < kGroups; ++g) sum += columns[g * 2 * cols + c];
+      partial[c] = sum;
+    }
+  }
+}
+
+// The streaming kernel: as above, element by element, each thread adding its columns' dy * xhat and dy into
+// its group's 2 * cols accumulators (`columns`: dynamic shared memory, or global scratch when given), folded
+// over the block's groups in order into the block's partial row at the end.
+template <unsigned GROUP, unsigned BLOCK, typename scalar_t, typename param_t, typename acc_t>
+__global__ void __launch_bounds__(BLOCK)
+    layer_norm_bwd_streaming_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
+                                    const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
+                                    const param_t* __restrict__ weight, scalar_t* __restrict__ grad_in, int64_t rows,
+                                    int64_t cols, acc_t* __restrict__ column_scratch, acc_t* __restrict__ partials) {
+  constexpr unsigned kGroups = BLOCK / GROUP;
+  extern __shared__ __align__(16) unsigned char shared_columns[];
+  const unsigned group = threadIdx.x / GROUP, t = threadIdx.x % GROUP;
+  const bool column_sums = partials != nullptr;
+  acc_t* columns = column_scratch != nullptr ? column_scratch + blockIdx.x * (2 * kGroups * cols)
+                                             : reinterpret_cast<acc_t*>(shared_columns);
+  if (column_sums) {
+    for (int64_t c = threadIdx.x; c < 2 * kGroups * cols; c += BLOCK) columns[c] = 0;
+    __syncthreads();
+  }
+  acc_t* const weight_sums = columns + group * 2 * cols;
+  acc_t* const bias_sums = weight_sums + cols;
+  const acc_t inv_cols = acc_t(1) / static_cast<acc_t>(cols);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kGroups + group; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kGroups) {
+    const scalar_t* x = in + row * cols;
+    const scalar_t* dy = grad_out + row * cols;
+    const acc_t mu = mean[row], rs = rstd[row];
+    SumPair<acc_t> sums = SumPairOp<acc_t>::identity();
+    for (int64_t j = t; j < cols; j += GROUP) {
+      const acc_t d = static_cast<acc_t>(dy[j]);
+      const acc_t g = weight != nullptr ? mul_rounded(d, static_cast<acc_t>(weight[j])) : d;
+      sums.first += g;
+      sums.second += g * ((static_cast<acc_t>(x[j]) - mu) * rs);
+    }
+    sums = group_allreduce<GROUP, BLOCK>(sums, SumPairOp<acc_t>());
+    const acc_t mean_g = sums.first * inv_cols, mean_gx = sums.second * inv_cols;
+    for (int64_t j = t; j < cols; j += GROUP) {
+      const acc_t d = static_cast<acc_t>(dy[j]), xhat = (static_cast<acc_t>(x[j]) - mu) * rs;
+      const acc_t g = weight != nullptr ? mul_rounded(d, static_cast<acc_t>(weight[j])) : d;
+      if (column_sums) {
+        weight_sums[j] += d * xhat;
+        bias_sums[j] += d;
+      }
+      if (grad_in != nullptr) grad_in[row * cols + j] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx));
+    }
+  }
+  if (column_sums) {
+    __syncthreads();
+    acc_t* const partial = partials + blockIdx.x * (2 * cols);
+    for (int64_t c = threadIdx.x; c < 2 * cols; c += BLOCK) {
+      acc_t s = 0;
+      for (unsigned g = 0; g < kGroups; ++g) s += columns[g * 2 * cols + c];
+      partial[c] = s;
+    }
+  }
+}
+
+// grad_weight and grad_bias from the blocks' partial rows (chunks x 2 * cols): a tile of 32 columns per
+// block, kFoldLanes lanes striding over the chunks, the lanes folded in order: the same bits every run.
+constexpr unsigned kFoldTile = 32, kFoldLanes = 32;
+
+template <typename param_t, typename acc_t>
+__global__ void __launch_bounds__(kFoldTile * kFoldLanes)
+    column_fold_kernel(const acc_t* __restrict__ partials, int64_t chunks, int64_t cols,
+                       param_t* __restrict__ grad_weight, param_t* __restrict__ grad_bias) {
+  const unsigned lane = threadIdx.x % kFoldTile, chunk_lane = threadIdx.x / kFoldTile;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFoldTile + lane;  // of 2 * cols
+  acc_t s = 0;
+  if (c < 2 * cols) {
+#pragma unroll 8
+    for (int64_t k = chunk_lane; k < chunks; k += kFoldLanes) s += partials[k * 2 * cols + c];
+  }
+  __shared__ acc_t lanes[kFoldLanes][kFoldTile + 1];
+  lanes[chunk_lane][lane] = s;
+  __syncthreads();
+  if (chunk_lane == 0 && c < 2 * cols) {
+    for (unsigned k = 1; k < kFoldLanes; ++k) s += lanes[k][lane];
+    param_t* out = c < cols ? grad_weight : grad_bias;
+    if (out != nullptr) out[c < cols ? c : c - cols] = static_cast<param_t>(s);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
+    const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+    const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
+  const char* op = "reduce::layer_norm_bwd";
+  TORCH_CHECK(input.is_cuda(), op, ": expected every tensor on one CUDA device, got the input on ", input.device());
+  const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
+  check_layer_norm_bwd(grad_out, input, mean, rstd, s, op);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = input.contiguous(), dy = grad_out.contiguous(), m = mean.contiguous(), rs = rstd.contiguous();
+  const at::Tensor w = defined(weight) ? weight->contiguous() : at::Tensor();
+  auto [grad_input, grad_weight, grad_bias] = layer_norm_grads(input, weight, bias, output_mask, s);
+  const int64_t rows = s.rows, cols = s.cols;
+  if (cols == 0) return {grad_input, grad_weight, grad_bias};
+  if (rows == 0) return {grad_input, grad_weight.zero_(), grad_bias.zero_()};
+  const bool column_sums = grad_weight.numel() > 0 || grad_bias.numel() > 0;
+  if (grad_input.numel() == 0 && !column_sums) return {grad_input, grad_weight, grad_bias};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t sms = multiprocessors();
+  const auto stat_options = input.options().dtype(stat_scalar_type(input.scalar_type()));
+  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), "reduce::layer_norm_bwd", [&] {
+    with_param_type<scalar_t>(s.param_type, [&](auto param) {
+      using param_t = decltype(param);
+      using acc_t = acc_type<scalar_t>;
+      const scalar_t *xp = x.const_data_ptr<scalar_t>(), *dyp = dy.const_data_ptr<scalar_t>();
+      const param_t* wp = w.defined() ? w.const_data_ptr<param_t>() : nullptr;
+      scalar_t* dxp = grad_input.numel() > 0 ? grad_input.mutable_data_ptr<scalar_t>() : nullptr;
+      const acc_t *mp = m.const_data_ptr<acc_t>(), *rp = rs.const_data_ptr<acc_t>();
+      const bool aligned = aligned16(xp) && aligned16(dyp) && aligned16(wp) && aligned16(dxp);
+      // A resident grid, so each block's partial covers many rows; it depends on the shape and the GPU alone,
+      // so the column sums are the same bits on every run.
+      at::Tensor partials;
+      int64_t grid = 0;
+      const auto partial_rows = [&](int64_t row_grid, int64_t resident) {
+        grid = std::min(row_grid, resident);
+        if (column_sums) partials = at::empty({grid, 2 * cols}, stat_options);
+        return column_sums ? partials.mutable_data_ptr<acc_t>() : nullptr;
+      };
+      const auto launch_rows = [&](auto group, auto block, auto items, auto source, int64_t row_grid) {
+        constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
+        const auto kernel = layer_norm_bwd_rows_kernel<kGroup, kBlock, decltype(items)::value,
+                                                       decltype(source)::value, scalar_t, param_t, acc_t>;
+        // Warp rows meet in shared memory at the end: four groups' columns (at most 24 KiB).
+        const size_t shared_bytes = kBlock == kGroup ? 0 : (kBlock / kGroup) * 2 * cols * sizeof(acc_t);
+        acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
+        kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, dxp, rows, cols, partial_ptr);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      using Held = std::integral_constant<RowSource, RowSource::Held>;
+      using Reread = std::integral_constant<RowSource, RowSource::Reread>;
+      constexpr int64_t kSize = Vec16<scalar_t>::kSize;
+      const int64_t vectors = cols / kSize;
+      bool launched = false;
+      if (aligned && cols % kSize == 0) {
+        using Items = std::integral_constant<int, kHeldItems<scalar_t>>;
+        if (vectors <= int64_t{kMaxRowBlock} * Items::value) {
+          with_row_layout<scalar_t, Items::value, kMinBackwardBlock>(
+              rows, cols, true, [&](auto group, auto block, auto, int64_t row_grid) {
+                launch_rows(group, block, Items(), Held(), row_grid);
+              });
+          launched = true;
+        }
+        if constexpr (kRereadItems<scalar_t> > 0) {
+          using Block = std::integral_constant<unsigned, kMaxRowBlock>;
+          using Wide = std::integral_constant<int, kRereadItems<scalar_t>>;
+          if (!launched && vectors <= int64_t{kMaxRowBlock} * Wide::value) {
+            TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
+            launch_rows(Block(), Block(), Wide(), Reread(), rows);
+            launched = true;
+          }
+        }
+      }
+      if (!launched) {
+        const int64_t warp_rows = int64_t{kWarpSize} * kHeldItems<scalar_t> * kSize;
+        const auto launch = [&](auto group, auto block, int64_t row_grid) {
+          constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
+          const auto kernel = layer_norm_bwd_streaming_kernel<kGroup, kBlock, scalar_t, param_t, acc_t>;
+          // The column accumulators live in shared memory when two blocks' worth fit on an SM.
+          const int64_t column_bytes = column_sums ? 2 * (kBlock / kGroup) * cols * int64_t{sizeof(acc_t)} : 0;
+          const bool in_shared = column_bytes <= static_cast<int64_t>(allow_max_dynamic_shared(kernel) / 2);
+          const size_t shared_bytes = in_shared ? static_cast<size_t>(column_bytes) : 0;
+          acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
+          at::Tensor scratch;
+          if (!in_shared && column_sums) scratch = at::empty({grid, column_bytes / int64_t{sizeof(acc_t)}}, stat_options);
+          kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, dxp, rows, cols,
+                                                         scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr,
+                                                         partial_ptr);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        };
+        TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
+        if (cols <= warp_rows) {
+          launch(std::integral_constant<unsigned, kWarpSize>(), std::integral_constant<unsigned, kWarpRowsBlock>(),
+                 (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize));
+        } else {
+          launch(std::integral_constant<unsigned, kStreamingBlock>(),
+                 std::integral_constant<unsigned, kStreamingBlock>(), rows);
+        }
+      }
+      if (column_sums) {
+        const int64_t tiles = (2 * cols + kFoldTile - 1) / kFoldTile;
+        TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), op, ": normalized size too large: ", cols);
+        column_fold_kernel<param_t, acc_t><<<tiles, kFoldTile * kFoldLanes, 0, stream>>>(
+            partials.const_data_ptr<acc_t>(), grid, cols,
+            grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<param_t>() : nullptr,
+            grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<param_t>() : nullptr);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    });
+  });
+  return {grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reduce, CUDA, m) { m.impl("layer_norm_bwd", &layer_norm_bwd_cuda); }
+
+}  // namespace torch_reduce::cuda

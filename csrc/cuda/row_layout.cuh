@@ -1,0 +1,173 @@
+#pragma once
+// The row machinery of var_mean and LayerNorm on the GPU: rows of a contiguous (rows, cols) matrix, one
+// group of threads per row: a warp for short rows (four rows a block), a block of 64..512 threads for
+// longer ones (the smallest that holds the row). Thread t of a group holds the row's 16-byte vectors
+// t, t + GROUP, ... in registers (RowRegisters), the same columns for every row it visits, and the group
+// combines its threads' statistics with warp_reduce/block_reduce. Rows that are not 16-byte aligned, or too
+// long for the registers, stream through full_reduce.cuh's thread_reduce instead.
+#include <cuda_runtime.h>
+
+#include <limits>
+#include <type_traits>
+
+#include "common/dispatch.h"
+#include "common/reduce_ops.h"
+#include "cuda/block_reduce.cuh"
+#include "cuda/full_reduce.cuh"
+
+namespace torch_reduce::cuda {
+
+// 16-byte vectors a thread of the one-tensor kernels (var_mean, LayerNorm forward) keeps per row: 128 bytes
+// whatever the dtype, so a bfloat16 row keeps as many bytes in flight per thread as a float32 one. 16-bit
+// elements stay packed between passes (repack), so they cost the registers float32 elements do.
+constexpr int kItems = 8;
+constexpr unsigned kWarpRowsBlock = 128;   // warp-per-row kernels: four rows per block
+constexpr unsigned kMinRowBlock = 64, kMaxRowBlock = 512;
+constexpr unsigned kStreamingBlock = 512;  // rows that stream through thread_reduce
+// Resident threads per SM the one-tensor kernels are compiled for (their register budget, 64 a thread).
+constexpr unsigned kOneTensorThreads = 1024;
+
+template <typename scalar_t>
+__device__ __forceinline__ void store_vector(Vec16<scalar_t>* p, const Vec16<scalar_t>& v) {
+  uint4 raw;
+  memcpy(&raw, &v, sizeof(raw));
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// The N parameters (weight or bias) of elements first .. first + N - 1, in acc_t: one 16-byte load when they
+// have the input's dtype, two when they are float32 beside a 16-bit input (mixed precision).
+template <int N, typename acc_t, typename param_t>
+__device__ __forceinline__ void load_params(const param_t* p, int64_t first, acc_t (&out)[N]) {
+  constexpr int kPerLoad = Vec16<param_t>::kSize;
+  static_assert(N % kPerLoad == 0, "a parameter vector is one or more 16-byte loads");
+  const auto* v = reinterpret_cast<const Vec16<param_t>*>(p + first);
+#pragma unroll
+  for (int l = 0; l < N / kPerLoad; ++l) {
+    const Vec16<param_t> w = load_vector(v + l);
+#pragma unroll
+    for (int e = 0; e < kPerLoad; ++e) out[l * kPerLoad + e] = static_cast<acc_t>(w.value[e]);
+  }
+}
+
+// The reduction of a GROUP-thread group (one warp, or the whole block), returned to every thread of it.
+template <unsigned GROUP, unsigned BLOCK, typename T, typename Op>
+__device__ __forceinline__ T group_allreduce(T v, Op op) {
+  __shared__ T result[BLOCK / GROUP];
+  const unsigned group = threadIdx.x / GROUP;
+  if constexpr (GROUP == kWarpSize) {
+    v = warp_reduce(v, op);
+    if (threadIdx.x % kWarpSize == 0) result[group] = v;
+    __syncwarp();
+    v = result[group];
+    __syncwarp();  // all lanes have read before the next call writes
+  } else {
+    static_assert(GROUP == BLOCK, "a group is one warp or the whole block");
+    v = block_reduce<BLOCK>(v, op);
+    if (threadIdx.x == 0) result[0] = v;
+    __syncthreads();
+    v = result[0];
+    __syncthreads();  // all threads have read, and block_reduce's shared words are free again
+  }
+  return v;
+}
+
+// A thread's share of a row in registers: vectors t, t + GROUP, ..., at most ITEMS of them.
+template <typename scalar_t, int ITEMS>
+struct RowRegisters {
+  Vec16<scalar_t> v[ITEMS];
+};
+
+// Makes the compiler treat the packed words as new values, so a later pass converts 16-bit elements again
+// (one instruction each) instead of keeping every converted float alive in between: twice the registers.
+template <typename scalar_t, int ITEMS>
+__device__ __forceinline__ void repack(RowRegisters<scalar_t, ITEMS>& regs) {
+  if constexpr (sizeof(scalar_t) == 2) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      auto* words = reinterpret_cast<uint32_t*>(regs.v[k].value);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) asm volatile("" : "+r"(words[w]));
+    }
+  }
+}
+
+template <unsigned GROUP, typename scalar_t, int ITEMS>
+__device__ __forceinline__ void load_row(RowRegisters<scalar_t, ITEMS>& regs, const scalar_t* row, int64_t vectors,
+                                         unsigned t) {
+  const auto* vrow = reinterpret_cast<const Vec16<scalar_t>*>(row);
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t i = t + static_cast<int64_t>(k) * GROUP;
+    if (i < vectors) regs.v[k] = load_vector(vrow + i);
+  }
+}
+
+// A thread's statistics of its share of row[0, cols): from registers (loaded here, two passes), or
+// streamed through thread_reduce with the Welford op. The first pass sums x - x0 (x0: the thread's first
+// element), not x: a float32 sum of a few values near 3e38 overflows to inf (then NaN statistics), and a
+// shifted sum keeps a constant row's mean exact, so its variance is exactly 0 (as torch's Welford gives).
+template <unsigned GROUP, bool kInRegisters, typename acc_t, typename scalar_t>
+__device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int64_t cols, unsigned t,
+                                                       RowRegisters<scalar_t, kItems>& regs) {
+  if constexpr (kInRegisters) {
+    constexpr int kSize = Vec16<scalar_t>::kSize;
+    const int64_t vectors = cols / kSize;
+    load_row<GROUP>(regs, row, vectors, t);
+    if (t >= vectors) return WelfordOp<acc_t>::identity();
+    const acc_t x0 = static_cast<acc_t>(regs.v[0].value[0]);
+    acc_t shifted = 0;
+    int count = 0;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      if (t + static_cast<int64_t>(k) * GROUP < vectors) {
+#pragma unroll
+        for (int e = 0; e < kSize; ++e) shifted += static_cast<acc_t>(regs.v[k].value[e]) - x0;
+        count += kSize;
+      }
+    }
+    const acc_t mean = x0 + shifted / static_cast<acc_t>(count);
+    repack(regs);
+    acc_t m2 = 0;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      if (t + static_cast<int64_t>(k) * GROUP < vectors) {
+#pragma unroll
+        for (int e = 0; e < kSize; ++e) {
+          const acc_t d = static_cast<acc_t>(regs.v[k].value[e]) - mean;
+          m2 += d * d;
+        }
+      }
+    }
+    return Welford<acc_t>(mean, m2, static_cast<acc_t>(count));
+  } else {
+    return thread_reduce<Welford<acc_t>>(row, cols, t, GROUP, WelfordOp<acc_t>());
+  }
+}
+
+inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Calls launch(group, block, in_registers, grid) for a (rows, cols) matrix whose threads hold up to ITEMS
+// vectors of a row: the first three compile-time constants, grid covering the rows one group each.
+// aligned: every pointer the kernel reads or writes with vectors is 16-byte aligned. The block is the
+// smallest power of two in [MIN_BLOCK, kMaxRowBlock] that holds the row; rows that are not aligned or do not
+// fit stream (in_registers false).
+template <typename scalar_t, int ITEMS, unsigned MIN_BLOCK, typename F>
+void with_row_layout(int64_t rows, int64_t cols, bool aligned, F&& launch) {
+  using Warp = std::integral_constant<unsigned, kWarpSize>;
+  using WarpBlock = std::integral_constant<unsigned, kWarpRowsBlock>;
+  using Streaming = std::integral_constant<unsigned, kStreamingBlock>;
+  constexpr int64_t kSize = Vec16<scalar_t>::kSize, kWarpRowElements = int64_t{kWarpSize} * ITEMS * kSize;
+  TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many rows for one launch: ", rows);
+  const int64_t warp_grid = (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize);
+  const int64_t threads_needed = (cols / kSize + ITEMS - 1) / ITEMS;
+  if (aligned && cols % kSize == 0 && threads_needed <= kMaxRowBlock) {
+    if (cols <= kWarpRowElements) return launch(Warp(), WarpBlock(), std::true_type(), warp_grid);
+    return with_power_of_two<MIN_BLOCK, kMaxRowBlock>(threads_needed, [&](auto block) {
+      launch(block, block, std::true_type(), rows);
+    });
+  }
+  if (cols <= kWarpRowElements) return launch(Warp(), WarpBlock(), std::false_type(), warp_grid);
+  launch(Streaming(), Streaming(), std::false_type(), rows);
+}
+
+}  // namespace torch_reduce::cuda
