@@ -7,7 +7,7 @@ TORCH ?= torch==2.14.1
 .PHONY: deps build test bench
 
 deps:
-	$(PYTHON) -m pip install -q "$(TORCH)" numpy pytest hypothesis matplotlib tqdm ninja setuptools wheel
+	$(PYTHON) -m pip install -q "$(TORCH)" numpy pytest hypothesis expecttest matplotlib tqdm ninja setuptools wheel
 
 build: deps
 	MAX_JOBS=$${MAX_JOBS:-2} $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .

@@ -354,6 +354,7 @@ def test_cuda_more_than_2_31_elements():
 def test_cuda_stream_guard_and_graph():
     x = random_tensor((2**20, 32), torch.float32, "cuda")
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # x is written on the current stream
     with torch.cuda.stream(stream):
         on_side_stream = [ours(name)(x, 0) for name in OPS]
     stream.synchronize()

@@ -194,6 +194,7 @@ def test_cuda_stream_guard_and_graph(name):
     op = getattr(torch.ops.reduce, name)
     x = random_tensor(3 * 2**20 + 17, torch.float32, "cuda")
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # x is written on the current stream
     with torch.cuda.stream(stream):
         on_side_stream = op(x)
     stream.synchronize()
