@@ -35,6 +35,8 @@ want() { [[ ",$STEPS," == *",$1,"* ]]; }
 # that private copy's locale facets crash the first time an error message formats a number. The system
 # compiler links the libstdc++ that Python and torch already loaded.
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+# The extension is built in place (build step): scripts/ find the package through PYTHONPATH.
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
