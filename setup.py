@@ -7,7 +7,7 @@ import glob
 import os
 import shutil
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 # torch looks for nvcc on PATH before /usr/local/cuda; a wrapper script on PATH would make it guess a wrong
 # CUDA_HOME, so prefer the toolkit's own folder when the user has not chosen one.
@@ -66,7 +66,7 @@ def _extension():
 setup(
     name="torch_reduce",
     version="0.1.0",
-    packages=["torch_reduce", "torch_reduce.analysis"],
+    packages=find_packages(include=["torch_reduce", "torch_reduce.*"]),  # bench and analysis too
     ext_modules=[_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
 )
