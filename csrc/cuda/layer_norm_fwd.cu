@@ -9,6 +9,7 @@
 
 #include "common/dispatch.h"
 #include "common/reduce_ops.h"
+#include "cuda/launch.cuh"
 #include "cuda/row_layout.cuh"
 #include "layernorm.h"
 
@@ -99,8 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
       const param_t* bp = b.defined() ? b.const_data_ptr<param_t>() : nullptr;
       scalar_t* yp = out.mutable_data_ptr<scalar_t>();
       const bool aligned = aligned16(xp) && aligned16(wp) && aligned16(bp) && aligned16(yp);
-      with_row_layout<scalar_t, kItems, kMinRowBlock>(s.rows, s.cols, aligned, [&](auto group, auto block,
-                                                                                    auto in_registers, int64_t grid) {
+      with_row_layout<scalar_t, kItems, kMinRowBlock>(s.rows, s.cols, aligned, multiprocessors() * kOneTensorThreads,
+                                                      [&](auto group, auto block, auto in_registers, int64_t grid) {
         layer_norm_fwd_kernel<decltype(group)::value, decltype(block)::value, decltype(in_registers)::value, scalar_t,
                               param_t, acc_t><<<grid, decltype(block)::value, 0, stream>>>(
             xp, wp, bp, yp, mean.mutable_data_ptr<acc_t>(), rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols,

@@ -7,6 +7,7 @@
 // long for the registers, stream through full_reduce.cuh's thread_reduce instead.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <limits>
 #include <type_traits>
 
@@ -23,6 +24,7 @@ namespace torch_reduce::cuda {
 constexpr int kItems = 8;
 constexpr unsigned kWarpRowsBlock = 128;   // warp-per-row kernels: four rows per block
 constexpr unsigned kMinRowBlock = 64, kMaxRowBlock = 512;
+constexpr int64_t kSpreadMinBlock = 128;  // see with_row_layout
 constexpr unsigned kStreamingBlock = 512;  // rows that stream through thread_reduce
 // Resident threads per SM the one-tensor kernels are compiled for (their register budget, 64 a thread).
 constexpr unsigned kOneTensorThreads = 1024;
@@ -148,20 +150,31 @@ inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<u
 
 // Calls launch(group, block, in_registers, grid) for a (rows, cols) matrix whose threads hold up to ITEMS
 // vectors of a row: the first three compile-time constants, grid covering the rows one group each.
-// aligned: every pointer the kernel reads or writes with vectors is 16-byte aligned. The block is the
-// smallest power of two in [MIN_BLOCK, kMaxRowBlock] that holds the row; rows that are not aligned or do not
-// fit stream (in_registers false).
+// aligned: every pointer the kernel reads or writes with vectors is 16-byte aligned. resident_threads: how
+// many threads of the kernel the GPU holds at once. A thread takes as few vectors as keep that many threads
+// busy (ITEMS when the rows fill the GPU), so that few rows spread over more threads and more of their
+// loads are in flight at once, where that makes blocks of kSpreadMinBlock threads or more. A row's group is
+// a warp where 32 threads hold it, else the smallest power-of-two block in [MIN_BLOCK, kMaxRowBlock] that
+// does. Rows that are not aligned or do not fit stream (in_registers false).
 template <typename scalar_t, int ITEMS, unsigned MIN_BLOCK, typename F>
-void with_row_layout(int64_t rows, int64_t cols, bool aligned, F&& launch) {
+void with_row_layout(int64_t rows, int64_t cols, bool aligned, int64_t resident_threads, F&& launch) {
   using Warp = std::integral_constant<unsigned, kWarpSize>;
   using WarpBlock = std::integral_constant<unsigned, kWarpRowsBlock>;
   using Streaming = std::integral_constant<unsigned, kStreamingBlock>;
   constexpr int64_t kSize = Vec16<scalar_t>::kSize, kWarpRowElements = int64_t{kWarpSize} * ITEMS * kSize;
   TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many rows for one launch: ", rows);
   const int64_t warp_grid = (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize);
-  const int64_t threads_needed = (cols / kSize + ITEMS - 1) / ITEMS;
-  if (aligned && cols % kSize == 0 && threads_needed <= kMaxRowBlock) {
-    if (cols <= kWarpRowElements) return launch(Warp(), WarpBlock(), std::true_type(), warp_grid);
+  const int64_t vectors = cols / kSize;
+  if (aligned && cols % kSize == 0 && vectors <= int64_t{kMaxRowBlock} * ITEMS) {
+    const int64_t busy = (rows * vectors + resident_threads - 1) / std::max<int64_t>(resident_threads, 1);
+    const int64_t fewest = std::max<int64_t>(1, (vectors + kMaxRowBlock - 1) / kMaxRowBlock);
+    const int64_t per_thread = std::clamp<int64_t>(busy, fewest, ITEMS);
+    int64_t threads_needed = (vectors + per_thread - 1) / per_thread;
+    // H200, LayerNorm forward, graph replay: 128-thread blocks of about two vectors a thread beat warps of
+    // seven (bfloat16 1024x1600: 5.8 vs 6.5 us; float32 1024x1024: 4.9 vs 5.4 us), but 64-thread blocks
+    // lost to warps of three or four (bfloat16 2048x768..1600: 6-9% slower).
+    if (threads_needed <= kSpreadMinBlock / 2) threads_needed = (vectors + ITEMS - 1) / ITEMS;
+    if (threads_needed <= kWarpSize) return launch(Warp(), WarpBlock(), std::true_type(), warp_grid);
     return with_power_of_two<MIN_BLOCK, kMaxRowBlock>(threads_needed, [&](auto block) {
       launch(block, block, std::true_type(), rows);
     });

@@ -96,8 +96,8 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cuda(const at::Tensor& input, at::Op
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
-    with_row_layout<scalar_t, kItems, kMinRowBlock>(rows, cols, aligned16(in), [&](auto group, auto block,
-                                                                                  auto in_registers, int64_t grid) {
+    with_row_layout<scalar_t, kItems, kMinRowBlock>(rows, cols, aligned16(in), sms * kOneTensorThreads,
+                                                    [&](auto group, auto block, auto in_registers, int64_t grid) {
       var_mean_rows_kernel<decltype(group)::value, decltype(block)::value, decltype(in_registers)::value, scalar_t,
                            acc_t><<<grid, decltype(block)::value, 0, stream>>>(in, rows, cols, divisor, var, mean);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
