@@ -6,16 +6,20 @@
 # Python wheels the machine cannot download (it has no network; e.g. liger-kernel, the LayerNorm baseline) travel
 # in .whl/ (git-ignored) and are installed, without dependencies, into /tmp/site on PYTHONPATH.
 #
-#   scripts/gpu_check.sh [--quick] [--steps build,test,sanitize,ncu,profile,bench] [--tests "tests/a.py ..."]
-#                        [--sections ladder,dropin,layernorm]
+#   scripts/gpu_check.sh [--quick] [--steps build,test,sanitize,ncu,profile,bench,two-gpu] [--tests "tests/a.py ..."]
+#                        [--sections ladder,dropin,layernorm] [--gpus 1|2]
 #   scripts/gpu_check.sh --layernorm-quick   # build, then the quick LayerNorm section alone
+#   scripts/gpu_check.sh --gpus 2            # two GPUs: build, then tests/test_two_gpus.py and
+#                                            # tests/test_distributed.py, then the distributed training check and
+#                                            # benchmark (python -m torch_reduce.bench.distributed) on 2 ranks
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-.gpu_out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)  # everything but the summary travels back packed, in one archive
 mkdir -p "$WORK/logs"
-STEPS=build,test,sanitize,ncu,bench
+STEPS=
+GPUS=1
 SECTIONS=ladder,dropin,layernorm
 QUICK=
 TESTS=tests
@@ -26,10 +30,18 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift ;;
     --sections) SECTIONS=$2; shift ;;
     --tests) TESTS=$2; shift ;;
+    --gpus) GPUS=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
+case "$GPUS" in
+  1) STEPS=${STEPS:-build,test,sanitize,ncu,bench} ;;
+  2) STEPS=${STEPS:-build,two-gpu}
+     # NVLink multicast stays off on the two-GPU machine: NCCL's NVLS, torch's symmetric memory, NVSHMEM.
+     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ;;
+  *) echo "--gpus takes 1 or 2, not $GPUS" >&2; exit 2 ;;
+esac
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 # The GPU image's default compiler (its CXX) links libstdc++ statically into the extension;
 # that private copy's locale facets crash the first time an error message formats a number. The system
@@ -54,6 +66,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log, time, reco
 
 note "gpu_check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$SUMMARY"
+[ "$GPUS" = 2 ] && note "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST" \
+  "NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS"
 
 wheels=(.whl/*.whl)
 if [ -e "${wheels[0]}" ]; then
@@ -71,6 +85,23 @@ if want test; then
   step tests 400 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" $TESTS
   tail -3 "$WORK/logs/tests.log" | tee -a "$SUMMARY"
   grep -E "^SKIPPED" "$WORK/logs/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+if want two-gpu; then
+  two_gpu_tests=(tests/test_two_gpus.py)
+  [ -f tests/test_distributed.py ] && two_gpu_tests+=(tests/test_distributed.py)
+  step two-gpu-tests 400 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/logs/junit-two-gpu.xml" \
+    "${two_gpu_tests[@]}"
+  tail -3 "$WORK/logs/two-gpu-tests.log" | tee -a "$SUMMARY"
+  grep -E "^SKIPPED" "$WORK/logs/two-gpu-tests.log" | head -20 | tee -a "$SUMMARY"
+  RESULTS="benchmarks/results/$(python3 -c 'from torch_reduce.bench.context import gpu_slug; print(gpu_slug())')"
+  # torchrun, one rank a GPU (NCCL)
+  distributed=(python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m torch_reduce.bench.distributed
+               --out "$RESULTS")
+  step distributed-training 300 "${distributed[@]}" --parts train
+  grep -E "^(PASS|FAIL) " "$WORK/logs/distributed-training.log" | tee -a "$SUMMARY"
+  step distributed-bench 400 "${distributed[@]}" --parts bench
+  grep -E "^\| (DDP step|global var_mean)" "$WORK/logs/distributed-bench.log" | tee -a "$SUMMARY"
+  mkdir -p "$WORK/results" && cp "$RESULTS"/distributed_* "$WORK/results/" 2>/dev/null
 fi
 if want sanitize; then
   for tool in memcheck racecheck; do

@@ -1,9 +1,10 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
-import torch_reduce  # noqa: F401  registers torch.ops.reduce
+import torch_reduce  # registers torch.ops.reduce
 
 CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU")
@@ -38,3 +39,10 @@ def random_tensor(shape, dtype, device="cpu"):
         return torch.randn(shape, device=device, dtype=torch.float32).to(dtype)
     lo, hi = (0, 256) if dtype == torch.uint8 else (-100, 100)
     return torch.randint(lo, hi, shape, device=device, dtype=dtype)
+
+
+def subprocess_env(**extra) -> dict:
+    """os.environ for a child Python that must import this torch_reduce (an in-place build is not installed)."""
+    package_root = str(Path(torch_reduce.__file__).resolve().parents[1])
+    return {**os.environ, **extra,
+            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}

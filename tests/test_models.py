@@ -1,7 +1,6 @@
 """Whole models with every torch.nn.LayerNorm converted (torch_reduce.nn.convert_layernorm): the same logits,
 the same gradients for every parameter, and the same losses over a few AdamW steps as the original."""
 import copy
-import math
 from contextlib import nullcontext
 
 import pytest
@@ -11,55 +10,12 @@ from torch import nn
 
 import torch_reduce
 from conftest import DEVICES, requires_cuda
+from torch_reduce.bench.models import TinyGPT
 
 # Norm-wise relative tolerance: ||ours - torch|| <= tol * ||torch|| for every tensor compared.
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 CASES = [pytest.param(d, torch.float32, id=f"{d}-float32") for d in DEVICES] + [
     pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=requires_cuda)]
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        # Written out (not SDPA), so both models run the same deterministic attention.
-        scores = q @ k.transpose(-2, -1) / math.sqrt(c // self.heads)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        attn = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-        return self.proj((attn @ v).transpose(1, 2).reshape(b, t, c))
-
-
-class Block(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attn = CausalSelfAttention(width, heads)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class TinyGPT(nn.Module):
-    """A GPT-style decoder: token + position embeddings, pre-LN blocks, final LayerNorm, LM head."""
-
-    def __init__(self, vocab=97, width=64, heads=4, layers=2, context=32):
-        super().__init__()
-        self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(context, width)
-        self.blocks = nn.Sequential(*[Block(width, heads) for _ in range(layers)])
-        self.ln_f = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1], device=idx.device))
-        return self.head(self.ln_f(self.blocks(x)))
 
 
 class Encoder(nn.Module):

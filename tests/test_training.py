@@ -12,7 +12,8 @@ from torch import nn
 import torch_reduce
 from conftest import DEVICES, requires_cuda
 from op_specs import SELF_CHECK
-from test_models import TinyGPT, assert_close_normwise
+from test_models import assert_close_normwise
+from torch_reduce.bench.models import TinyGPT
 
 STEPS = 20
 # Norm-wise relative: on every loss and on all parameters together, and on each parameter alone (in float32,
@@ -42,7 +43,7 @@ convert = _reference_convert if SELF_CHECK else torch_reduce.nn.convert_layernor
 
 
 def gpt(ffn_norm=False):
-    """TinyGPT (tests/test_models.py); with ffn_norm, NormFormer's LayerNorm inside each MLP after the GELU, so
+    """TinyGPT (torch_reduce/bench/models.py); with ffn_norm, NormFormer's LayerNorm inside each MLP after the GELU, so
     that under autocast a LayerNorm sees a Linear's 16-bit output with its float32 parameters (TinyGPT's own
     norms sit on the float32 residual stream)."""
     model = TinyGPT()

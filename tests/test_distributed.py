@@ -1,0 +1,478 @@
+"""torch_reduce.distributed and the DTensor rules (torch_reduce/dtensor.py) on two processes: gloo on CPU,
+and NCCL on CUDA where two GPUs are visible.
+
+Starting torch in a process takes seconds, so each backend starts its two workers once (the module fixture):
+they run every case in CASES, each rank recording its own outcome, and test_case asserts that the case passed
+on both ranks. Inputs are fresh every run (TORCH_REDUCE_SEED replays one). Results are compared with the
+all-gathered tensor reduced in float64, and must be bitwise equal on both ranks and across two calls. The
+shards differ in size and are centred apart, so a wrong combine (an average of per-rank variances or means,
+a dropped partial) misses the reference: the "wrong combines fail" cases check that it does.
+"""
+import functools
+import json
+import os
+import time
+import traceback
+import warnings
+import zlib
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import torch_reduce
+from torch_reduce import distributed as reduce_dist
+
+if not (dist.is_available() and dist.is_gloo_available()):
+    pytest.skip("torch.distributed with the gloo backend is not in this torch build", allow_module_level=True)
+
+WORLD = 2
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+BACKENDS = ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(
+    GPUS < 2 or not dist.is_nccl_available(), reason=f"NCCL on CUDA needs two GPUs; {GPUS} visible"))]
+WORKERS_TIMEOUT_S = 300
+
+# How close to the float64 reference: (relative to the result, relative to the sum of |x| reduced).
+TOL = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-5), torch.bfloat16: (2 ** -8, 1e-5),
+       torch.int32: (0, 0)}
+
+
+# ---------------------------------------------------------------------------------------- the workers ----
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def outcomes(request, tmp_path_factory):
+    """Every case's outcome on every rank: {"passed"} or the traceback, for one backend."""
+    backend = request.param
+    seed = int(os.environ.get("TORCH_REDUCE_SEED", int.from_bytes(os.urandom(4), "little")))
+    workdir = tmp_path_factory.mktemp(f"distributed-{backend}")
+    context = mp.start_processes(_worker, args=(backend, str(workdir), seed), nprocs=WORLD, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + WORKERS_TIMEOUT_S
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the {backend} workers did not finish in {WORKERS_TIMEOUT_S} s (seed {seed})")
+    reports = [json.loads((workdir / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+    return seed, reports
+
+
+def _worker(rank, backend, workdir, seed):
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    warnings.filterwarnings("ignore", message=".*degrees of freedom")  # torch.var_mean of N - correction <= 0
+    from torch.distributed.tensor import init_device_mesh
+    mesh = init_device_mesh(device.type, (WORLD,))
+    report = {}
+    for name, check in CASES.items():
+        case_seed = zlib.crc32(f"{seed}:{name}".encode())
+        torch.manual_seed(case_seed + rank)  # each rank's own shard differs
+        try:
+            check(Ranks(rank, device, mesh, case_seed))
+            report[name] = "passed"
+        except Exception:
+            report[name] = traceback.format_exc()
+    with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    dist.destroy_process_group()
+
+
+class Ranks:
+    """What a case knows: its rank, device and mesh; data the same on every rank; the checks across ranks."""
+
+    def __init__(self, rank, device, mesh, seed):
+        self.rank, self.device, self.mesh = rank, device, mesh
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def shared_randn(self, *shape, dtype=torch.float32):
+        """The same values on every rank (a global tensor to distribute), rows centred apart."""
+        x = torch.randn(shape, generator=self.generator, dtype=torch.float64)
+        x = x * torch.linspace(1, 3, shape[0], dtype=torch.float64).view(-1, *[1] * (len(shape) - 1))
+        x = x + 3 * torch.arange(shape[0], dtype=torch.float64).view(-1, *[1] * (len(shape) - 1)) / shape[0]
+        return x.to(dtype).to(self.device)
+
+    def own_shard(self, rows, dtype):
+        """This rank's shard of (rows[rank], 3, 4): rank r's values have spread 1 + r and centre 3r."""
+        shape = (rows[self.rank], 3, 4)
+        if dtype == torch.int32:
+            return torch.randint(-100, 100, shape, dtype=dtype).to(self.device)
+        x = torch.randn(shape, dtype=torch.float64) * (1 + self.rank) + 3 * self.rank
+        return x.to(dtype).to(self.device)
+
+    def gather(self, t):
+        """Every rank's ``t`` (on the CPU), in rank order."""
+        gathered = [None] * WORLD
+        dist.all_gather_object(gathered, t.detach().cpu())
+        return gathered
+
+    def same_everywhere_and_twice(self, call):
+        """call()'s result, checked bitwise equal to a second call and to every other rank's."""
+        first, second = call(), call()
+        for a, b in zip(_tensors(first), _tensors(second)):
+            assert torch.equal(_bits(a), _bits(b)), "two calls on the same input differ"
+        for a in _tensors(first):
+            mine, everyones = _bits(a), self.gather(_bits(a))
+            assert all(torch.equal(mine, other) for other in everyones), "the ranks' results differ"
+        return first
+
+
+def _tensors(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _bits(t):
+    from torch.distributed.tensor import DTensor
+    t = t.to_local() if isinstance(t, DTensor) else t
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def is_close(result, ref, dtype, scale=0.0):
+    """|result - ref| <= rtol |ref| + stol scale elementwise (NaN matching NaN, inf matching inf); ``dtype``
+    names the (rtol, stol) in TOL, or is that pair."""
+    rtol, stol = TOL[dtype] if isinstance(dtype, torch.dtype) else dtype
+    result, ref = result.detach().cpu().double(), ref.detach().cpu().double()
+    scale = scale.detach().cpu().double() if isinstance(scale, torch.Tensor) else scale
+    if result.shape != ref.shape:
+        return False
+    bound = rtol * ref.abs() + stol * scale
+    return bool(((result - ref).abs() <= bound).logical_or(result == ref).logical_or(
+        result.isnan() & ref.isnan()).all())
+
+
+def assert_close(result, ref, dtype, scale=0.0, what=""):
+    assert is_close(result, ref, dtype, scale), f"{what}: got {result}, float64 reference {ref}"
+
+
+# ------------------------------------------------------------------------- torch_reduce.distributed ----
+
+CASES = {}
+
+
+def case(name):
+    """Registers a check under ``name``: the workers run it, test_case reports it."""
+    def register(check):
+        CASES[name] = check
+        return check
+    return register
+
+
+SHARD_ROWS = {"unequal": (7, 4), "one empty": (6, 0), "one row each": (1, 1), "all empty": (0, 0)}
+DIMS = [None, (0,), (0, 1)]
+
+
+def check_sum(ctx, dims, dtype, rows):
+    x = ctx.own_shard(rows, dtype)
+    full = torch.cat(ctx.gather(x)).double()
+    for keepdim in (False, True):
+        result = ctx.same_everywhere_and_twice(lambda: reduce_dist.sum(x, dims, keepdim))
+        assert result.dtype == torch.sum(x, dim=dims, keepdim=keepdim).dtype and result.device == x.device
+        assert_close(result, torch.sum(full, dim=dims, keepdim=keepdim), dtype,
+                     scale=torch.sum(full.abs(), dim=dims, keepdim=keepdim), what=f"keepdim={keepdim}")
+    if dtype.is_floating_point:  # dtype=: the input cast first, the sum in that dtype
+        result = reduce_dist.sum(x, dims, dtype=torch.float64)
+        assert result.dtype == torch.float64
+        assert_close(result, torch.sum(full, dim=dims), dtype, scale=torch.sum(full.abs(), dim=dims), what="dtype=")
+
+
+def check_var_mean(ctx, dims, dtype, rows):
+    x = ctx.own_shard(rows, dtype)
+    full = torch.cat(ctx.gather(x)).double()
+    for correction in (0, 1, 0.5, 2):
+        for keepdim in (False, True):
+            var, mean = ctx.same_everywhere_and_twice(
+                lambda: reduce_dist.var_mean(x, dims, correction=correction, keepdim=keepdim))
+            ref_var, ref_mean = torch.var_mean(full, dim=dims, correction=correction, keepdim=keepdim)
+            assert var.dtype == mean.dtype == dtype and var.device == x.device
+            what = f"correction={correction}, keepdim={keepdim}"
+            assert_close(var, ref_var, dtype, what=f"var, {what}")
+            assert_close(mean, ref_mean, dtype, scale=torch.mean(full.abs(), dim=dims, keepdim=keepdim),
+                         what=f"mean, {what}")
+
+
+for _dims in DIMS:
+    for _rows_name, _rows in SHARD_ROWS.items():
+        for _dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int32):
+            CASES[f"sum[dim={_dims}, {_dtype}, {_rows_name}]"] = functools.partial(check_sum, dims=_dims,
+                                                                                   dtype=_dtype, rows=_rows)
+        for _dtype in (torch.float32, torch.float64, torch.bfloat16):
+            CASES[f"var_mean[dim={_dims}, {_dtype}, {_rows_name}]"] = functools.partial(
+                check_var_mean, dims=_dims, dtype=_dtype, rows=_rows)
+
+
+@case("distributed: wrong combines fail")
+def check_wrong_combines_fail(ctx):
+    """The data above tell a right combine from a wrong one: each wrong combine misses the reference."""
+    x = ctx.own_shard(SHARD_ROWS["unequal"], torch.float32)
+    shards = [s.double() for s in ctx.gather(x)]
+    full = torch.cat(shards)
+    ref_var, ref_mean = torch.var_mean(full, dim=0)
+    assert is_close(reduce_dist.var_mean(x, 0)[0], ref_var, torch.float32)
+    average_of_variances = torch.stack([s.var(dim=0) for s in shards]).mean(0)
+    average_of_means = torch.stack([s.mean(dim=0) for s in shards]).mean(0)
+    assert not is_close(average_of_variances, ref_var, torch.float32)
+    assert not is_close(average_of_means, ref_mean, torch.float32)
+    assert not is_close(shards[0].sum(0), full.sum(0), torch.float32, scale=full.abs().sum(0))
+
+
+@case("distributed: a process group other than the world")
+def check_group(ctx):
+    group = dist.new_group(list(range(WORLD)))
+    x = ctx.own_shard(SHARD_ROWS["unequal"], torch.float32)
+    full = torch.cat(ctx.gather(x)).double()
+    assert_close(reduce_dist.sum(x, group=group), full.sum(), torch.float32, scale=full.abs().sum())
+    var, mean = reduce_dist.var_mean(x, (0, 2), group=group)
+    assert_close(var, torch.var(full, dim=(0, 2)), torch.float32)
+
+
+@case("distributed: errors")
+def check_errors(ctx):
+    x = torch.randn(3, 4, device=ctx.device)
+    for call in (lambda: reduce_dist.sum(x, 1), lambda: reduce_dist.var_mean(x, (1, -1))):
+        with pytest.raises(ValueError, match="does not include dim 0"):
+            call()
+    with pytest.raises(ValueError, match="0-dim"):
+        reduce_dist.sum(torch.tensor(1.0, device=ctx.device))
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        reduce_dist.var_mean(x, (0, 2))
+    with pytest.raises(RuntimeError, match="floating point"):
+        reduce_dist.var_mean(x.int(), 0)
+
+
+# -------------------------------------------------------------------------------------------- DTensor ----
+
+REDUCTIONS = ["sum", "mean", "amax", "amin", "var_mean"]
+PARTIAL_OF = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min"}
+
+
+def _reduce(name, x, dim, keepdim=False):
+    """torch_reduce's op over ``dim`` (None: every dim, which amax/amin spell ())."""
+    if dim is None and name in ("amax", "amin"):
+        dim = ()
+    return getattr(torch_reduce, name)(x, dim, keepdim=keepdim)
+
+
+def _reference(name, full, dim, keepdim=False):
+    """torch's op on the whole tensor, in float64."""
+    dims = tuple(range(full.dim())) if dim is None else dim
+    op = torch.var_mean if name == "var_mean" else getattr(torch, name)
+    return op(full.double(), dim=dims, keepdim=keepdim)
+
+
+def check_dtensor_rows_sharded(ctx, name):
+    """Shard of a dim not reduced: each rank reduces its rows; the Shard follows the dim into the output."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    full2, full3 = ctx.shared_randn(7, 6), ctx.shared_randn(3, 5, 6)
+    for full, placement, dim, keepdim, out_placement in [
+            (full2, Shard(0), -1, False, Shard(0)), (full2, Shard(0), 1, True, Shard(0)),
+            (full3, Shard(1), 0, False, Shard(0)), (full3, Shard(1), (0, 2), True, Shard(1)),
+            (full3, Shard(1), (0, 2), False, Shard(0))]:
+        x = distribute_tensor(full, ctx.mesh, [placement])
+        for out, ref in zip(_tensors(_reduce(name, x, dim, keepdim)), _tensors(_reference(name, full, dim, keepdim))):
+            assert out.placements == (out_placement,), (dim, keepdim, out.placements)
+            assert out.shape == ref.shape and out.dtype == full.dtype
+            assert_close(out.full_tensor(), ref, torch.float32, scale=full.abs().sum().item(), what=f"dim={dim}")
+
+
+def check_dtensor_reduce_sharded_dim(ctx, name, dtype):
+    """Shard of a reduced dim: a Partial for sum/mean/amax/amin, var_mean folded to Replicate (the same bits
+    on both ranks); uneven and empty shards included (7 rows are 4 + 3 on two ranks, 1 row is 1 + 0)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+    expected = (Replicate(),) if name == "var_mean" else (Partial(PARTIAL_OF[name]),)
+    for rows in (7, 1):
+        full = ctx.shared_randn(rows, 6, dtype=dtype)
+        x = distribute_tensor(full, ctx.mesh, [Shard(0)])
+        for dim in (0, None, (0, 1), -2):
+            for keepdim in (False, True):
+                outputs = _tensors(_reduce(name, x, dim, keepdim))
+                if name == "var_mean":
+                    ctx.same_everywhere_and_twice(lambda: _reduce(name, x, dim, keepdim))
+                # A Partial of 16-bit values is rounded per rank and added in 16 bits (as torch's own ops do).
+                tol = TOL[dtype] if name == "var_mean" or dtype != torch.bfloat16 else (2 ** -7, 2 ** -7)
+                scale = _reference("mean" if name == "mean" else "sum", full.abs(), dim, keepdim)
+                for out, ref in zip(outputs, _tensors(_reference(name, full, dim, keepdim))):
+                    assert out.placements == expected, (rows, dim, out.placements)
+                    assert out.shape == ref.shape and out.dtype == dtype
+                    assert_close(out.full_tensor(), ref, tol, scale=scale,
+                                 what=f"rows={rows}, dim={dim}, keepdim={keepdim}")
+        if name == "var_mean":
+            for correction in (0, 0.5, 2):
+                var, mean = torch_reduce.var_mean(x, 0, correction=correction)
+                ref_var, _ = torch.var_mean(full.double(), dim=0, correction=correction)
+                assert_close(var.full_tensor(), ref_var, dtype, what=f"rows={rows}, correction={correction}")
+
+
+@case("DTensor: var_mean and mean over uneven shards: wrong combines fail")
+def check_dtensor_wrong_combines_fail(ctx):
+    """The shards' sizes (4 + 3) and means differ: an average of the ranks' means (Partial(avg)), or a sum of
+    their M2s (no between-shard term), misses the reference; ours must not."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    full = ctx.shared_randn(7, 6)
+    x = distribute_tensor(full, ctx.mesh, [Shard(0)])
+    ref_var, ref_mean = torch.var_mean(full.double(), dim=0)
+    assert_close(torch_reduce.var_mean(x, 0)[0].full_tensor(), ref_var, torch.float32)
+    assert_close(torch_reduce.mean(x, 0).full_tensor(), ref_mean, torch.float32, scale=full.abs().mean(0).double())
+    shards = [s.double() for s in ctx.gather(x.to_local())]
+    assert not is_close(torch.stack([s.mean(0) for s in shards]).mean(0), ref_mean, torch.float32)
+    sum_of_m2 = torch.stack([s.var(0, correction=0) * len(s) for s in shards]).sum(0)
+    assert not is_close(sum_of_m2 / (len(full) - 1), ref_var, torch.float32)
+
+
+def check_dtensor_replicate(ctx, name):
+    """Replicate in, Replicate out: the local op, bit for bit."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+    full = ctx.shared_randn(7, 6)
+    x = distribute_tensor(full, ctx.mesh, [Replicate()])
+    for dim in (0, 1, None):
+        for out, local in zip(_tensors(_reduce(name, x, dim)), _tensors(_reduce(name, full, dim))):
+            assert out.placements == (Replicate(),)
+            assert torch.equal(_bits(out), _bits(local))
+
+
+for _name in REDUCTIONS:
+    CASES[f"DTensor {_name}: rows sharded"] = functools.partial(check_dtensor_rows_sharded, name=_name)
+    for _dtype in (torch.float32, torch.bfloat16):
+        CASES[f"DTensor {_name}: over the sharded dim, {_dtype}"] = functools.partial(
+            check_dtensor_reduce_sharded_dim, name=_name, dtype=_dtype)
+    CASES[f"DTensor {_name}: replicate"] = functools.partial(check_dtensor_replicate, name=_name)
+
+
+@case("DTensor: the dims of one call do not leak into the next")
+def check_dtensor_dims_per_call(ctx):
+    """A sharding cache keyed without the dims would give sum(x, 1) the shape of sum(x, 0)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    x = distribute_tensor(ctx.shared_randn(7, 6), ctx.mesh, [Shard(0)])
+    for name in REDUCTIONS:
+        for dim, keepdim, shape in ((0, False, (6,)), (1, False, (7,)), (1, True, (7, 1)), (0, True, (1, 6))):
+            assert all(out.shape == shape for out in _tensors(_reduce(name, x, dim, keepdim))), (name, dim)
+
+
+@case("DTensor: a 2-D mesh, mesh dim by mesh dim")
+def check_dtensor_2d_mesh(ctx):
+    """Each mesh dim's placement maps on its own; var_mean folds over every mesh dim that splits its rows."""
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor, init_device_mesh
+    mesh = init_device_mesh(ctx.device.type, (WORLD, 1))
+    full = ctx.shared_randn(7, 6, 5)
+    x = distribute_tensor(full, mesh, [Shard(0), Shard(2)])
+    for name, dim, placements in (("sum", (0, 1), (Partial("sum"), Shard(0))), ("amax", 1, (Shard(0), Shard(1))),
+                                  ("mean", (0, 2), (Partial("sum"), Partial("sum"))),
+                                  ("var_mean", (0, 2), (Replicate(), Replicate())),
+                                  ("var_mean", 1, (Shard(0), Shard(1)))):
+        for out, ref in zip(_tensors(_reduce(name, x, dim)), _tensors(_reference(name, full, dim))):
+            assert out.placements == placements, (name, dim, out.placements)
+            assert_close(out.full_tensor(), ref, torch.float32, scale=full.abs().sum().item(), what=f"{name} {dim}")
+    x = distribute_tensor(full, mesh, [Shard(0), Shard(1)])
+    out = torch_reduce.layer_norm(x, (5,))
+    assert out.placements == x.placements
+    assert_close(out.full_tensor(), F.layer_norm(full.double(), (5,)), torch.float32, scale=1.0)
+
+
+def check_dtensor_layer_norm(ctx, shape, placement_args):
+    """torch_reduce.layer_norm through autograd against F.layer_norm on the whole tensor: out and grad_input
+    keep the input's placement, grad_weight and grad_bias are Partial(sum) where the rows are sharded."""
+    from torch.distributed.tensor import Partial, Replicate, distribute_tensor
+    placement = _placement(*placement_args)
+    hidden = shape[-1]
+    full, grad_out = ctx.shared_randn(*shape), ctx.shared_randn(*shape)
+    weight, bias = ctx.shared_randn(hidden) + 1, ctx.shared_randn(hidden)
+    x = distribute_tensor(full, ctx.mesh, [placement]).requires_grad_()
+    w, b = (distribute_tensor(t, ctx.mesh, [Replicate()]).requires_grad_() for t in (weight, bias))
+    out = torch_reduce.layer_norm(x, (hidden,), w, b)
+    out.backward(distribute_tensor(grad_out, ctx.mesh, [placement]))
+
+    ref_x, ref_w, ref_b = (t.double().requires_grad_() for t in (full, weight, bias))
+    ref = F.layer_norm(ref_x, (hidden,), ref_w, ref_b)
+    ref.backward(grad_out.double())
+    column_sums = Partial("sum") if placement != Replicate() else Replicate()
+    for got, want, placements in ((out, ref, (placement,)), (x.grad, ref_x.grad, (placement,)),
+                                  (w.grad, ref_w.grad, (column_sums,)), (b.grad, ref_b.grad, (column_sums,))):
+        assert got.placements == placements, (got.placements, placements)
+        assert_close(got.full_tensor(), want.detach(), torch.float32, scale=want.detach().abs().max().item())
+
+    # The ops themselves: mean and rstd sharded like the rows; gradients not asked for are empty.
+    x = distribute_tensor(full, ctx.mesh, [placement])
+    y, mean, rstd = torch.ops.reduce.layer_norm_fwd(x, [hidden], None, None, 1e-5)
+    assert y.placements == mean.placements == rstd.placements == (placement,)
+    ref_var, ref_mean = torch.var_mean(full.double(), dim=-1, keepdim=True, correction=0)
+    assert_close(mean.full_tensor(), ref_mean, torch.float32, scale=full.abs().max().item())
+    assert_close(rstd.full_tensor(), (ref_var + 1e-5).rsqrt(), torch.float32)
+    dy = distribute_tensor(grad_out, ctx.mesh, [placement])
+    grads = torch.ops.reduce.layer_norm_bwd(dy, x, [hidden], mean, rstd, w.detach(), None, [True, True, False])
+    assert [g.placements for g in grads] == [(placement,), (column_sums,), (Replicate(),)]
+    assert grads[2].numel() == 0 and grads[1].shape == (hidden,)
+
+
+def _placement(kind, *args):
+    """Shard(0), Replicate(), ... built in the worker: pytest's own process need not import DTensor (seconds)."""
+    import torch.distributed.tensor
+    return getattr(torch.distributed.tensor, kind)(*args)
+
+
+for _shape, _placement_args, _label in (((7, 6), ("Shard", 0), "rows"), ((2, 5, 8), ("Shard", 1), "sequence parallel"),
+                                        ((2, 5, 8), ("Shard", 0), "batch"), ((7, 6), ("Replicate",), "replicated")):
+    CASES[f"DTensor layer_norm: {_label}, {_placement_args}"] = functools.partial(
+        check_dtensor_layer_norm, shape=_shape, placement_args=_placement_args)
+
+
+@case("DTensor: SequenceParallel on a converted LayerNorm")
+def check_sequence_parallel(ctx):
+    """torch's tensor-parallel API on a model after convert_layernorm: the rows (sequence) stay sharded, and the
+    gradients of the replicated weight and bias come out right once their Partial(sum) is reduced."""
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+    full, grad_out = ctx.shared_randn(2, 6, 8), ctx.shared_randn(2, 6, 8)
+    reference = torch.nn.LayerNorm(8, device=ctx.device, dtype=torch.float64)
+    with torch.no_grad():
+        reference.weight.copy_(ctx.shared_randn(8) + 1)
+        reference.bias.copy_(ctx.shared_randn(8))
+    model = torch_reduce.nn.convert_layernorm(torch.nn.LayerNorm(8, device=ctx.device))
+    model.load_state_dict(reference.state_dict())
+    parallelize_module(model, ctx.mesh, SequenceParallel())
+    local_rows = full.tensor_split(WORLD, dim=1)[ctx.rank]
+    out = model(local_rows)
+    out.to_local().backward(grad_out.tensor_split(WORLD, dim=1)[ctx.rank])
+    ref_out = reference(full.double())
+    ref_out.backward(grad_out.double())
+    assert_close(out.full_tensor(), ref_out.detach(), torch.float32, scale=1.0)
+    for p, ref_p in ((model.weight, reference.weight), (model.bias, reference.bias)):
+        assert_close(p.grad.full_tensor(), ref_p.grad, torch.float32, scale=ref_p.grad.abs().max().item())
+
+
+@case("DTensor: unsupported placements raise")
+def check_dtensor_unsupported(ctx):
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard  # private: only to show it is refused
+    full = ctx.shared_randn(4, 6)
+    rows, cols = (distribute_tensor(full, ctx.mesh, [p]) for p in (Shard(0), Shard(1)))
+    weight = ctx.shared_randn(6)
+    sharded_weight = distribute_tensor(weight, ctx.mesh, [Shard(0)])
+    partial = DTensor.from_local(full, ctx.mesh, [Partial()], run_check=False)
+    strided = DTensor.from_local(full[:2], ctx.mesh, [_StridedShard(0, split_factor=2)], run_check=False,
+                                 shape=full.shape, stride=full.stride())
+    _, mean, rstd = torch.ops.reduce.layer_norm_fwd(rows, [6], None, None, 1e-5)
+    for call in (lambda: torch_reduce.layer_norm(cols, (6,)),  # the normalized dim sharded
+                 lambda: torch_reduce.layer_norm(rows, (6,), sharded_weight),
+                 lambda: torch.ops.reduce.layer_norm_bwd(cols, cols, [6], mean, rstd, None, None, [True] * 3),
+                 lambda: torch_reduce.sum(partial, 0), lambda: torch_reduce.var_mean(partial, 1),
+                 lambda: torch_reduce.amax(strided, 1), lambda: torch_reduce.var_mean(strided, 0)):
+        with pytest.raises(NotImplementedError, match="placements"):
+            call()
+    with pytest.raises(NotImplementedError, match="torch.Tensor beside DTensor"):
+        torch_reduce.layer_norm(rows, (6,), weight)
+    with pytest.raises(RuntimeError, match="does not match"):  # the kernel's own checks, on the global shape
+        torch_reduce.layer_norm(rows, (4,))
+
+
+# ------------------------------------------------------------------------------------------ the test ----
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_case(outcomes, case):
+    seed, reports = outcomes
+    for rank, report in enumerate(reports):
+        assert report[case] == "passed", f"rank {rank} (replay with TORCH_REDUCE_SEED={seed}):\n{report[case]}"

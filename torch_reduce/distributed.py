@@ -1,0 +1,186 @@
+"""Reductions of a tensor spread over a process group, and DTensor support for torch_reduce's ops.
+
+``sum`` and ``var_mean`` reduce the global tensor: every rank's ``input`` concatenated along dim 0 in rank
+order (shards may differ in size along dim 0; the other dims must agree on every rank). Each rank runs our
+local kernel, then one all_gather of the per-rank partials, then folds them in rank order, so every rank gets
+the same bits: a plain sum for ``sum``; Chan's pairwise update of (count, mean, M2) for ``var_mean``.
+Partials are float32 for 16-bit inputs (float64 for float64); results have torch's dtypes. Works with gloo
+(CPU tensors) and NCCL (CUDA tensors). The results carry no gradient.
+
+Importing this module (``import torch_reduce`` does) also registers DTensor rules for torch_reduce's ops,
+as soon as torch.distributed.tensor is imported (torch_reduce/dtensor.py says which placements go in and out).
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import math
+import sys
+import warnings
+from numbers import Number
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from . import functional, reductions
+
+__all__ = ["sum", "var_mean"]
+
+Dims = Union[int, Sequence[int], None]
+_HALF_FLOATS = (torch.float16, torch.bfloat16)
+# torch 2.14 renamed all_gather_into_tensor (2.11's name, deprecated since) to all_gather_single.
+_all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+
+
+def sum(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,  # noqa: A001  (torch's name)
+        dtype: Optional[torch.dtype] = None, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """torch.sum of the global tensor (every rank's ``input`` along dim 0); ``dim`` must include dim 0."""
+    dims = _cross_rank_dims(input, dim, "sum")
+    out_dtype = dtype or (input.dtype if input.dtype.is_floating_point else torch.int64)
+    source = input if dtype is None else input.to(dtype)  # torch.sum casts before it sums
+    with torch.no_grad():
+        partial = reductions.sum(source, dims, True, dtype=_partial_dtype(out_dtype))
+        partials = _all_gather(partial.contiguous(), group)
+        total = partials[0]
+        for rank_partial in partials[1:]:  # rank order: the same bits on every rank
+            total = total + rank_partial
+    total = total.to(out_dtype)
+    return total if keepdim else total.squeeze(dims)
+
+
+def var_mean(input: torch.Tensor, dim: Dims = None, *, correction: Optional[Number] = 1, keepdim: bool = False,
+             group: Optional[dist.ProcessGroup] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.var_mean of the global tensor (every rank's ``input`` along dim 0); ``dim`` must include dim 0.
+    The variance divides by max(0, N - correction), N the global count (inf or NaN where that is 0)."""
+    dims = _cross_rank_dims(input, dim, "var_mean")
+    with torch.no_grad():
+        count, mean, m2 = _fold_moments(*_all_gather_moments(*_local_moments(input, dims), group))
+        var = _variance(count, m2, correction)
+    var, mean = var.to(input.dtype), mean.to(input.dtype)
+    return (var, mean) if keepdim else (var.squeeze(dims), mean.squeeze(dims))
+
+
+# ------------------------------------------------------------------------------------------------ helpers ----
+# The moment helpers are shared with the DTensor var_mean (dtensor.py), which folds over a mesh dim's group.
+
+
+def _cross_rank_dims(input: torch.Tensor, dim: Dims, op: str) -> list[int]:
+    """The reduced dims, wrapped: every dim for None or (); refuses a reduction that does not cross ranks."""
+    ndim = input.dim()
+    if ndim == 0:
+        raise ValueError(f"torch_reduce.distributed.{op}: the input is a 0-dim tensor; ranks' shards are "
+                         "concatenated along dim 0, so each needs at least one dim")
+    dims = [dim] if isinstance(dim, int) else list(range(ndim)) if dim is None or len(dim) == 0 else list(dim)
+    for d in dims:
+        if not -ndim <= d < ndim:
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], but got {d})")
+    dims = [d % ndim for d in dims]
+    if 0 not in dims:
+        raise ValueError(f"torch_reduce.distributed.{op}: dim={dim} does not include dim 0, the dim the ranks' "
+                         f"shards are concatenated along; a reduction that does not cross ranks is the local "
+                         f"torch_reduce.{op}")
+    return dims
+
+
+def _partial_dtype(out_dtype: torch.dtype) -> torch.dtype:
+    """What the per-rank partials are kept in: float32 for 16-bit floats, int64 for integers and bool."""
+    if out_dtype in _HALF_FLOATS:
+        return torch.float32
+    return out_dtype if out_dtype.is_floating_point else torch.int64
+
+
+def _all_gather(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """Every rank's ``t`` stacked in rank order: shape (world size, *t.shape)."""
+    if not dist.is_available():
+        raise RuntimeError("torch_reduce.distributed needs torch.distributed, which this build of torch lacks")
+    world = dist.get_world_size(group)
+    gathered = t.new_empty(world * t.numel())  # gloo gathers flat shards only, concatenated
+    _all_gather_single(gathered, t.reshape(-1), group=group)
+    return gathered.view(world, *t.shape)
+
+
+def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(count, mean, M2) of ``input`` over ``dims`` (kept as size 1) from our var_mean kernel: count a 1-element
+    int64 tensor, mean and M2 = var * count in float32 for 16-bit inputs, else the input's dtype."""
+    source = input.float() if input.dtype in _HALF_FLOATS else input
+    var, mean = functional.var_mean(source, dims, correction=0, keepdim=True)
+    count = math.prod(input.shape[d] for d in dims)
+    return torch.full((1,), count, dtype=torch.int64, device=input.device), mean, var * count
+
+
+def _all_gather_moments(count: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor,
+                        group: Optional[dist.ProcessGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every rank's (count, mean, M2), stacked in rank order, from one all_gather: the three travel as one
+    byte buffer, so the int64 count stays exact beside float32 moments."""
+    stats = torch.cat([mean.reshape(-1), m2.reshape(-1)])
+    payload = torch.cat([count.view(torch.uint8), stats.view(torch.uint8)])
+    gathered = _all_gather(payload, group)
+    world = gathered.shape[0]
+    counts = gathered[:, :8].contiguous().view(torch.int64)  # (world, 1)
+    stats = gathered[:, 8:].contiguous().view(mean.dtype)    # (world, 2 * mean.numel())
+    means, m2s = stats.split(mean.numel(), dim=1)
+    return counts, means.reshape(world, *mean.shape), m2s.reshape(world, *mean.shape)
+
+
+def _fold_moments(counts: torch.Tensor, means: torch.Tensor,
+                  m2s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold stacked (count, mean, M2) in order with Chan, Golub and LeVeque's pairwise update:
+    mean = mean_a + delta * n_b / n, M2 = M2_a + M2_b + delta^2 * n_a * n_b / n (delta = mean_b - mean_a).
+    No sum of squares is formed, so there is no cancellation; an empty part (count 0, NaN moments) is skipped."""
+    count, mean, m2 = counts[0], means[0], m2s[0]
+    for count_b, mean_b, m2_b in zip(counts[1:], means[1:], m2s[1:]):
+        total = count + count_b
+        share_b = count_b.double() / total.clamp_min(1).double()  # n_b / n, in float64 until applied
+        delta = mean_b - mean
+        merged_mean = mean + delta * share_b.to(mean.dtype)
+        merged_m2 = m2 + m2_b + delta * delta * (count.double() * share_b).to(mean.dtype)
+        a_empty, b_empty = count == 0, count_b == 0
+        mean = torch.where(b_empty, mean, torch.where(a_empty, mean_b, merged_mean))
+        m2 = torch.where(b_empty, m2, torch.where(a_empty, m2_b, merged_m2))
+        count = total
+    return count, mean, m2
+
+
+def _variance(count: torch.Tensor, m2: torch.Tensor, correction: Optional[Number]) -> torch.Tensor:
+    """M2 / max(0, count - correction), torch's divisor (correction None means 1)."""
+    correction = 1 if correction is None else correction
+    return m2 / (count.double() - correction).clamp_min(0).to(m2.dtype)
+
+
+# -------------------------------------------------------------------------------------- DTensor rules ----
+
+
+class _RegisterDTensorRulesOnImport(importlib.abc.MetaPathFinder):
+    """Runs torch_reduce.dtensor (which registers the rules) right after torch.distributed.tensor is imported.
+
+    Importing DTensor takes seconds, so ``import torch_reduce`` does not do it; a program that makes DTensors
+    imports it, and its DTensors meet our ops only after that import."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "torch.distributed.tensor":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)  # the spec the usual finders give
+        load_dtensor = spec.loader.exec_module
+
+        def load_dtensor_then_register(module):
+            load_dtensor(module)
+            _register_dtensor_rules()
+
+        spec.loader.exec_module = load_dtensor_then_register  # this spec's own loader object
+        return spec
+
+
+def _register_dtensor_rules() -> None:
+    try:
+        importlib.import_module(".dtensor", __package__)
+    except Exception as e:  # a torch whose DTensor lacks what we use: our ops refuse DTensors as before
+        warnings.warn(f"torch_reduce: DTensor rules not registered ({type(e).__name__}: {e})", stacklevel=2)
+
+
+if dist.is_available():
+    if "torch.distributed.tensor" in sys.modules:
+        _register_dtensor_rules()
+    else:
+        sys.meta_path.insert(0, _RegisterDTensorRulesOnImport())
