@@ -1,18 +1,22 @@
 // Autocast: each op gets the policy torch gives its matching aten op (aten/src/ATen/autocast_mode.cpp).
 // On CUDA:
 //   layer_norm_fwd     as aten::layer_norm: fp32 (every floating input cast to float32, a float32 result);
-//   sum, the ladder    as aten::sum: fp32_set_opt_dtype (a floating, non-double input without dtype= sums
-//                      to float32; the ladder ops have no dtype=, so such an input is cast to float32);
+//   sum, prod, vector_norm, the ladder
+//                      as aten::sum, prod, linalg_vector_norm: fp32_set_opt_dtype (a floating, non-double
+//                      input without dtype= reduces to float32; the ladder ops have no dtype=, so such an
+//                      input is cast to float32);
 //   mean, amax, amin, var_mean, layer_norm_bwd: in none of torch's lists, so they run as called (the
 //                      fallthrough that torch registers for every op).
-// On the CPU torch autocasts none of them: they run as called, and a bfloat16 activation reaches LayerNorm
-// with float32 parameters (the mixed-precision kernels take that).
+// On the CPU torch autocasts only prod of these (fp32: a 16-bit input is cast to float32); the others run
+// as called, and a bfloat16 activation reaches LayerNorm with float32 parameters (the mixed-precision
+// kernels take that).
 // The casts happen above autograd, as torch's do: the backward sees float32 and the cast's own backward
 // returns the input's dtype.
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "dim_reduce.h"
 #include "ladder.h"
 
 namespace torch_reduce {
@@ -25,14 +29,27 @@ c10::TypedOperatorHandle<Signature> typed_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-at::Tensor sum_autocast(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
-                        std::optional<at::ScalarType> dtype) {
-  using Signature = at::Tensor(const at::Tensor&, at::OptionalIntArrayRef, bool, std::optional<at::ScalarType>);
-  static const auto op = typed_op<Signature>("reduce::sum");
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  const bool eligible = at::autocast::is_eligible(self, kDevice);
-  return op.call(self, dim, keepdim, dtype.has_value() || !eligible ? dtype : std::optional(at::kFloat));
-}
+// fp32_set_opt_dtype for a row of the dim-reduction table that takes dtype=: dtype=float32 unless one is
+// given or the input is not a CUDA float16/bfloat16/float32 tensor.
+template <Reduction R, typename Signature>
+struct Fp32SetOptDtype {
+  static at::Tensor run(const at::Tensor& self, const ReduceCall& call) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+    ReduceCall cast = call;
+    if (!call.dtype.has_value() && at::autocast::is_eligible(self, kDevice)) cast.dtype = at::kFloat;
+    return Signature::call(dim_reduction_op<R, Signature>(), self, cast);
+  }
+};
+
+// fp32 on the CPU: a 16-bit floating input is cast to float32 first.
+template <Reduction R, typename Signature>
+struct CpuFp32 {
+  static at::Tensor run(const at::Tensor& self, const ReduceCall& call) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    return Signature::call(dim_reduction_op<R, Signature>(),
+                           at::autocast::cached_cast(at::kFloat, self, c10::DeviceType::CPU), call);
+  }
+};
 
 template <Ladder kVariant>
 at::Tensor ladder_autocast(const at::Tensor& t, int64_t block_size) {
@@ -58,11 +75,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_autocast(const at:
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reduce, AutocastCUDA, m) {
-  m.impl("sum", &sum_autocast);
+  m.impl("sum", &DimsDtype::bind<Fp32SetOptDtype<Reduction::Sum, DimsDtype>>);
+  m.impl("prod", &DimsDtype::bind<Fp32SetOptDtype<Reduction::Prod, DimsDtype>>);
+  m.impl("vector_norm", &OrdDimsDtype::bind<Fp32SetOptDtype<Reduction::VectorNorm, OrdDimsDtype>>);
   m.impl("layer_norm_fwd", &layer_norm_fwd_autocast);
 #define TORCH_REDUCE_AUTOCAST(name, variant) m.impl(#name, &ladder_autocast<Ladder::variant>);
   TORCH_REDUCE_LADDER(TORCH_REDUCE_AUTOCAST)
 #undef TORCH_REDUCE_AUTOCAST
 }
+
+TORCH_LIBRARY_IMPL(reduce, AutocastCPU, m) { m.impl("prod", &DimsDtype::bind<CpuFp32<Reduction::Prod, DimsDtype>>); }
 
 }  // namespace torch_reduce

@@ -1,7 +1,9 @@
 #include "composite.h"
 
+#include <algorithm>
+
+#include "autograd_util.h"
 #include "common/dispatch.h"
-#include "dim_reduce.h"
 #include "ladder.h"
 #include "layernorm.h"
 
@@ -28,25 +30,32 @@ at::Tensor ladder_sum(const at::Tensor& t, int64_t block_size, const char* op) {
   return at::sum(t);
 }
 
-at::Tensor sum(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype) {
-  check_reducible_dtype(self, "sum");
-  return at::sum(self, dim, keepdim, dtype);
-}
-
-at::Tensor mean(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
-                std::optional<at::ScalarType> dtype) {
-  check_reducible_dtype(self, "mean");
-  return at::mean(self, dim, keepdim, dtype);
-}
-
-at::Tensor amax(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-  check_reducible_dtype(self, "amax");
-  return at::amax(self, dim, keepdim);
-}
-
-at::Tensor amin(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-  check_reducible_dtype(self, "amin");
-  return at::amin(self, dim, keepdim);
+at::Tensor reduce(Reduction r, const at::Tensor& self, const ReduceCall& call) {
+  check_reducible_dtype(self, reduction_name(r));
+  const auto& [dim, keepdim, dtype, ord] = call;
+  switch (r) {
+    case Reduction::Sum: return at::sum(self, dim, keepdim, dtype);
+    case Reduction::Mean: return at::mean(self, dim, keepdim, dtype);
+    case Reduction::Amax: return at::amax(self, dim.value_or(at::IntArrayRef()), keepdim);
+    case Reduction::Amin: return at::amin(self, dim.value_or(at::IntArrayRef()), keepdim);
+    case Reduction::VectorNorm: return at::linalg_vector_norm(self, ord, dim, keepdim, dtype);
+    case Reduction::Prod: {
+      // torch.prod takes one dim or all: several are moved last and flattened into one.
+      const int64_t ndim = self.dim();
+      if (ndim == 0) return at::prod(self, dtype);
+      const std::vector<int64_t> dims = reduced_dims(dim, ndim);
+      std::vector<int64_t> permutation;
+      for (int64_t d = 0; d < ndim; ++d)
+        if (std::find(dims.begin(), dims.end(), d) == dims.end()) permutation.push_back(d);
+      const auto kept = static_cast<int64_t>(permutation.size());
+      permutation.insert(permutation.end(), dims.begin(), dims.end());
+      at::Tensor result = at::prod(self.permute(permutation).flatten(kept), -1, /*keepdim=*/false, dtype);
+      if (keepdim)
+        for (int64_t d : dims) result = result.unsqueeze(d);
+      return result;
+    }
+  }
+  TORCH_CHECK(false, "torch_reduce: unknown reduction");
 }
 
 std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& input, at::OptionalIntArrayRef dim,

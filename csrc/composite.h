@@ -11,14 +11,13 @@
 #include <optional>
 #include <tuple>
 
+#include "dim_reduce.h"
+
 namespace torch_reduce::composite {
 
 at::Tensor ladder_sum(const at::Tensor& t, int64_t block_size, const char* op);
-at::Tensor sum(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim, std::optional<at::ScalarType> dtype);
-at::Tensor mean(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
-                std::optional<at::ScalarType> dtype);
-at::Tensor amax(const at::Tensor& self, at::IntArrayRef dim, bool keepdim);
-at::Tensor amin(const at::Tensor& self, at::IntArrayRef dim, bool keepdim);
+// Every row of dim_reduce.h's table: torch's op of the same name.
+at::Tensor reduce(Reduction r, const at::Tensor& self, const ReduceCall& call);
 std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& input, at::OptionalIntArrayRef dim,
                                             const std::optional<at::Scalar>& correction, bool keepdim);
 

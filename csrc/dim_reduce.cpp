@@ -5,26 +5,41 @@
 
 #include <algorithm>
 #include <bitset>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
 
 namespace torch_reduce {
-namespace {
 
 const char* reduction_name(Reduction r) {
   switch (r) {
-    case Reduction::Sum: return "sum";
-    case Reduction::Mean: return "mean";
-    case Reduction::Amax: return "amax";
-    default: return "amin";
+#define TORCH_REDUCE_NAME(name, reduction, Signature) \
+  case Reduction::reduction: return #name;
+    TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_NAME)
+#undef TORCH_REDUCE_NAME
   }
+  return "?";
+}
+
+namespace {
+
+// vector_norm's input and dtype= rules, in torch's words.
+void check_vector_norm_dtypes(at::ScalarType input, std::optional<at::ScalarType> dtype) {
+  TORCH_CHECK(at::isFloatingType(input),
+              "linalg.vector_norm: Expected a floating point or complex tensor as input. Got ", input);
+  if (!dtype) return;
+  TORCH_CHECK(at::isFloatingType(*dtype), "linalg.vector_norm: dtype should be floating point or complex, but got ",
+              *dtype);
+  TORCH_CHECK(at::promote_types(input, *dtype) == *dtype, "linalg.vector_norm: the dtype of the input (", input,
+              ") should be convertible without narrowing to the specified dtype (", *dtype, ")");
 }
 
 // The dtype the op returns, with torch's rules and messages.
 at::ScalarType result_type(Reduction r, at::ScalarType input, std::optional<at::ScalarType> dtype) {
   switch (r) {
-    case Reduction::Sum: return dtype.value_or(sum_result_type(input));
+    case Reduction::Sum:
+    case Reduction::Prod: return dtype.value_or(sum_result_type(input));
     case Reduction::Mean: {
       const at::ScalarType t = dtype.value_or(input);
       TORCH_CHECK(at::isFloatingType(t), "mean(): could not infer output dtype. ",
@@ -32,8 +47,44 @@ at::ScalarType result_type(Reduction r, at::ScalarType input, std::optional<at::
                   t);
       return t;
     }
+    case Reduction::VectorNorm: check_vector_norm_dtypes(input, dtype); return dtype.value_or(input);
     default: return input;
   }
+}
+
+// Reductions without an identity raise on an empty reduction, with torch's messages and in torch's order:
+// amax/amin before the dims are checked for repeats, vector_norm (orders inf and below 0) after.
+void check_empty_amax_amin(Reduction r, const at::Tensor& x, const ReduceCall& call) {
+  if ((r != Reduction::Amax && r != Reduction::Amin) || x.numel() != 0) return;
+  const char* name = reduction_name(r);
+  TORCH_CHECK(call.dim.has_value() && !call.dim->empty(), name,
+              "(): Expected reduction dim to be specified for input.numel() == 0. ",
+              "Specify the reduction dim with the 'dim' argument.");
+  for (int64_t d : *call.dim) {
+    d = at::maybe_wrap_dim(d, x.dim());
+    TORCH_CHECK_INDEX(x.size(d) != 0, name, "(): Expected reduction dim ", d, " to have non-zero size.");
+  }
+}
+
+void check_empty_vector_norm(Reduction r, const at::Tensor& x, const ReduceCall& call) {
+  if (r != Reduction::VectorNorm || x.numel() != 0 || !(call.ord < 0 || call.ord == INFINITY)) return;
+  TORCH_CHECK(call.dim.has_value() && !call.dim->empty(), "linalg.vector_norm cannot compute the ", call.ord,
+              " norm on an empty tensor because the operation does not have an identity");
+  for (int64_t d : *call.dim) {
+    TORCH_CHECK(x.size(d) != 0, "linalg.vector_norm cannot compute the ", call.ord, " norm on the dimension ", d,
+                "because this dimension is empty and the operation does not have an identity");
+  }
+}
+
+// An empty reduction's value: the ops object's identity through its final map (sum 0, prod 1, mean 0/0).
+double empty_value(const ReduceKind& kind, at::ScalarType type) {
+  double value = 0;
+  TORCH_REDUCE_DISPATCH(type, "torch_reduce empty reduction", [&] {
+    with_reduce_ops<scalar_t>(kind, 0, [&](auto ops) {
+      value = static_cast<double>(project_result(ops, decltype(ops)::identity()));
+    });
+  });
+  return value;
 }
 
 // The normal form plus where each output lands: `kept_order` lists the kept dims of size > 1 in the
@@ -91,11 +142,11 @@ Layout normal_form(const at::Tensor& x, const std::bitset<at::dim_bitset_size>& 
 
 }  // namespace
 
-at::Tensor reduce_dims(Reduction r, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
-                       std::optional<at::ScalarType> dtype, ReduceLauncher launch) {
+at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& call, ReduceLauncher launch) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const char* name = reduction_name(r);
   check_reducible_dtype(self, name);
+  const std::optional<at::ScalarType> dtype = call.dtype;
   const at::ScalarType out_type = result_type(r, self.scalar_type(), dtype);
   // dtype= casts the input first (as torch does), so the sum runs in the accumulate type of that dtype.
   // Without it the kernels read the input as it is: an integer sum accumulates in int64 anyway.
@@ -103,19 +154,12 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, at::OptionalIntArray
   check_reducible_dtype(x, name);
 
   const int64_t ndim = x.dim();
-  const bool all_dims = !dim.has_value() || dim->empty();  // torch: dim=None and dim=() both mean every dim
-  // torch checks an empty amax/amin's dims for size 0 first, before repeats.
-  if ((r == Reduction::Amax || r == Reduction::Amin) && x.numel() == 0) {
-    TORCH_CHECK(!all_dims, name, "(): Expected reduction dim to be specified for input.numel() == 0. ",
-                "Specify the reduction dim with the 'dim' argument.");
-    for (int64_t d : *dim) {
-      d = at::maybe_wrap_dim(d, ndim);
-      TORCH_CHECK_INDEX(x.size(d) != 0, name, "(): Expected reduction dim ", d, " to have non-zero size.");
-    }
-  }
+  const bool all_dims = !call.dim.has_value() || call.dim->empty();  // torch: dim=None and dim=() mean every dim
+  check_empty_amax_amin(r, x, call);
   std::bitset<at::dim_bitset_size> reduce_mask;
   if (all_dims) reduce_mask.set();
-  else reduce_mask = at::dim_list_to_bitset(*dim, ndim);  // wraps negative dims; raises on repeats and range
+  else reduce_mask = at::dim_list_to_bitset(*call.dim, ndim);  // wraps negative dims; raises on repeats and range
+  check_empty_vector_norm(r, x, call);
 
   std::vector<int64_t> out_shape;
   int64_t reduced_count = 1;
@@ -123,19 +167,18 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, at::OptionalIntArray
     if (!reduce_mask[d]) out_shape.push_back(x.size(d));
     else {
       reduced_count *= x.size(d);
-      if (keepdim) out_shape.push_back(1);
+      if (call.keepdim) out_shape.push_back(1);
     }
   }
   const auto out_options = x.options().dtype(out_type);
   const int64_t outputs = c10::multiply_integers(out_shape);
   if (outputs == 0) return at::empty(out_shape, out_options);
-  if (reduced_count == 0) {  // an empty sum is 0, an empty mean 0/0
-    return at::full(out_shape, r == Reduction::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0, out_options);
-  }
+  const ReduceKind kind{r, call.ord};
+  if (reduced_count == 0) return at::full(out_shape, empty_value(kind, x.scalar_type()), out_options);
 
   const Layout layout = normal_form(x, reduce_mask);
   at::Tensor out = at::empty({outputs}, x.options().dtype(kernel_result_type(r, x.scalar_type())));
-  launch(r, layout.problem, out);
+  launch(kind, layout.problem, out);
 
   // The kernel wrote the kept dims in layout.kept_order; return them in the input's order, contiguous
   // (a copy only when that order differs, e.g. a permuted input keeping several dims).

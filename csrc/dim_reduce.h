@@ -1,12 +1,15 @@
 #pragma once
-// torch.sum / mean / amax / amin with torch's semantics, shared by the CPU and CUDA kernels: the argument
-// rules (dims, keepdim, dtype=, empty inputs, errors) and the layout, normalised to (outer B, reduced K,
-// inner N) over one dense run of memory: out[b, n] = reduce over k of in[(b * K + k) * N + n].
-// Each backend supplies only a launcher for that normal form.
+// The dim reductions (torch.sum / mean / amax / amin / prod / linalg.vector_norm) with torch's semantics, shared
+// by the CPU and CUDA kernels: one table of ops, the argument rules (dims, keepdim, dtype=, empty inputs,
+// errors) and the layout, normalised to (outer B, reduced K, inner N) over one dense run of memory:
+// out[b, n] = reduce over k of in[(b * K + k) * N + n]. Each backend supplies only a launcher for that
+// normal form; docs/adding-an-op.md walks through adding a row.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <type_traits>
 
 #include "common/dispatch.h"
@@ -14,7 +17,86 @@
 
 namespace torch_reduce {
 
-enum class Reduction { Sum, Mean, Amax, Amin };
+// ---------------------------------------------------------------------------------------- the table ----
+// One row per op: X(name, Reduction, Signature). From it come the schema (ops.cpp), the CPU and CUDA kernels
+// (impl_dim_reductions below), the autograd kernel (dim_reduce_autograd.cpp); torch_reduce/ops.py holds the
+// Python mirror (fake kernels and wrappers). What a row's Reduction computes is its ops object
+// (with_reduce_ops), its rules (dim_reduce.cpp: result dtype, empty input) and its gradient
+// (dim_reduce_autograd.cpp) and aten formula (composite.cpp).
+#define TORCH_REDUCE_DIM_REDUCTIONS(X)    \
+  X(sum, Sum, DimsDtype)                  \
+  X(mean, Mean, DimsDtype)                \
+  X(amax, Amax, Dims)                     \
+  X(amin, Amin, Dims)                     \
+  X(prod, Prod, DimsDtype)                \
+  X(vector_norm, VectorNorm, OrdDimsDtype)
+
+enum class Reduction { Sum, Mean, Amax, Amin, Prod, VectorNorm };
+
+const char* reduction_name(Reduction r);
+
+// One call's arguments, whatever the op's signature: views of the caller's, valid during the call.
+// dim: nullopt or empty means every dim; ord: vector_norm's order (unused by the others).
+struct ReduceCall {
+  at::OptionalIntArrayRef dim;
+  bool keepdim;
+  std::optional<at::ScalarType> dtype;
+  double ord;
+};
+
+// The table's signatures: the schema's arguments, the C++ function type, and the conversions between a
+// call of that type and a ReduceCall. `bind<Body>` is a kernel of the op's type calling Body::run.
+struct DimsDtype {  // sum, mean, prod
+  static constexpr const char* kSchema =
+      "(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor";
+  using Fn = at::Tensor(const at::Tensor&, at::OptionalIntArrayRef, bool, std::optional<at::ScalarType>);
+  template <typename Body>
+  static at::Tensor bind(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                         std::optional<at::ScalarType> dtype) {
+    return Body::run(self, ReduceCall{dim, keepdim, dtype, 0.0});
+  }
+  static at::Tensor call(const c10::TypedOperatorHandle<Fn>& op, const at::Tensor& self, const ReduceCall& c) {
+    return op.call(self, c.dim, c.keepdim, c.dtype);
+  }
+};
+
+struct Dims {  // amax, amin: dim=[] means every dim, no dtype=
+  static constexpr const char* kSchema = "(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor";
+  using Fn = at::Tensor(const at::Tensor&, at::IntArrayRef, bool);
+  template <typename Body>
+  static at::Tensor bind(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
+    return Body::run(self, ReduceCall{dim, keepdim, std::nullopt, 0.0});
+  }
+  static at::Tensor call(const c10::TypedOperatorHandle<Fn>& op, const at::Tensor& self, const ReduceCall& c) {
+    return op.call(self, c.dim.value_or(at::IntArrayRef()), c.keepdim);
+  }
+};
+
+struct OrdDimsDtype {  // vector_norm, as torch.linalg.vector_norm
+  static constexpr const char* kSchema =
+      "(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor";
+  using Fn = at::Tensor(const at::Tensor&, const at::Scalar&, at::OptionalIntArrayRef, bool,
+                        std::optional<at::ScalarType>);
+  template <typename Body>
+  static at::Tensor bind(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dim, bool keepdim,
+                         std::optional<at::ScalarType> dtype) {
+    return Body::run(self, ReduceCall{dim, keepdim, dtype, ord.toDouble()});
+  }
+  static at::Tensor call(const c10::TypedOperatorHandle<Fn>& op, const at::Tensor& self, const ReduceCall& c) {
+    return op.call(self, at::Scalar(c.ord), c.dim, c.keepdim, c.dtype);
+  }
+};
+
+// A row's registered op, typed by its signature (looked up once).
+template <Reduction R, typename Signature>
+const c10::TypedOperatorHandle<typename Signature::Fn>& dim_reduction_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow((std::string("reduce::") + reduction_name(R)).c_str(), "")
+                             .typed<typename Signature::Fn>();
+  return op;
+}
+
+// ----------------------------------------------------------------------------------- the kernels' side ----
 
 struct ReduceProblem {
   at::Tensor input;  // a contiguous 1-D view of the B * K * N elements, in the normal form's order
@@ -23,58 +105,71 @@ struct ReduceProblem {
   int64_t inner;     // N
 };
 
-// Writes the reduction of `problem` into `out`: B * N contiguous elements of kernel_result_type().
-using ReduceLauncher = void (*)(Reduction, const ReduceProblem& problem, const at::Tensor& out);
+// What the launcher is asked to compute: the row's reduction and its parameter (vector_norm's ord).
+struct ReduceKind {
+  Reduction reduction;
+  double ord;
+};
 
-// What a kernel writes: integer and bool sums in int64 (the accumulate type), everything else in the
-// input's dtype; a requested narrower integer dtype is a cast of that afterwards.
+// Writes the reduction of `problem` into `out`: B * N contiguous elements of kernel_result_type().
+using ReduceLauncher = void (*)(const ReduceKind&, const ReduceProblem& problem, const at::Tensor& out);
+
+// sum and prod of integers and bool widen to int64, their accumulate type (a requested narrower integer
+// dtype is a cast of that afterwards); everything else is written in the input's dtype.
+inline bool widens_integers(Reduction r) { return r == Reduction::Sum || r == Reduction::Prod; }
+
 inline at::ScalarType kernel_result_type(Reduction r, at::ScalarType input) {
-  return r == Reduction::Sum ? sum_result_type(input) : input;
+  return widens_integers(r) ? sum_result_type(input) : input;
 }
 
 // The registered ops' bodies: checks, then `launch` on the normal form (or a shortcut for empty inputs),
 // with the input's device current.
-at::Tensor reduce_dims(Reduction r, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
-                       std::optional<at::ScalarType> dtype, ReduceLauncher launch);
+at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& call, ReduceLauncher launch);
 
-// Registers sum/mean/amax/amin for one backend (the TORCH_LIBRARY_IMPL of its dispatch key): the same
+template <Reduction R, ReduceLauncher kLaunch>
+struct KernelBody {
+  static at::Tensor run(const at::Tensor& self, const ReduceCall& call) { return reduce_dims(R, self, call, kLaunch); }
+};
+
+// Registers every row of the table for one backend (the TORCH_LIBRARY_IMPL of its dispatch key): the same
 // bodies, each backend bringing only its launcher.
 template <ReduceLauncher kLaunch>
 void impl_dim_reductions(torch::Library& m) {
-  m.impl("sum", [](const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
-                   std::optional<at::ScalarType> dtype) {
-    return reduce_dims(Reduction::Sum, self, dim, keepdim, dtype, kLaunch);
-  });
-  m.impl("mean", [](const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
-                    std::optional<at::ScalarType> dtype) {
-    return reduce_dims(Reduction::Mean, self, dim, keepdim, dtype, kLaunch);
-  });
-  m.impl("amax", [](const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-    return reduce_dims(Reduction::Amax, self, dim, keepdim, std::nullopt, kLaunch);
-  });
-  m.impl("amin", [](const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
-    return reduce_dims(Reduction::Amin, self, dim, keepdim, std::nullopt, kLaunch);
-  });
+#define TORCH_REDUCE_IMPL(name, reduction, Signature) \
+  m.impl(#name, &Signature::template bind<KernelBody<Reduction::reduction, kLaunch>>);
+  TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_IMPL)
+#undef TORCH_REDUCE_IMPL
 }
 
-// The kernel's element types for dtype scalar_t and operator Op: out_t is what kernel_result_type says.
-template <typename scalar_t, typename Op>
-using kernel_out_t = std::conditional_t<std::is_same_v<Op, SumOp<acc_type<scalar_t>>> &&
-                                            !std::is_floating_point_v<acc_type<scalar_t>>,
+// The kernel's output element type for dtype scalar_t and ops object Ops: what kernel_result_type says.
+template <typename scalar_t, typename Ops>
+using kernel_out_t = std::conditional_t<!std::is_floating_point_v<acc_type<scalar_t>> &&
+                                            (std::is_same_v<Ops, SumOp<acc_type<scalar_t>>> ||
+                                             std::is_same_v<Ops, ProdOp<acc_type<scalar_t>>>),
                                         int64_t, scalar_t>;
 
-// Calls f(op, project) with the combine operator and final projection of `r` over acc_type<scalar_t>;
-// mean divides by the reduced count K (mean is only reached for floating inputs).
+// Calls f(ops) with the ops object of `kind` over acc_type<scalar_t>; mean divides by the reduced count K.
+// mean and the norms are only reached for floating inputs (reduce_dims checks).
 template <typename scalar_t, typename F>
-void with_reduction(Reduction r, int64_t reduced_count, F&& f) {
+void with_reduce_ops(const ReduceKind& kind, int64_t reduced_count, F&& f) {
   using acc_t = acc_type<scalar_t>;
-  switch (r) {
-    case Reduction::Sum: return f(SumOp<acc_t>(), KeepValue());
+  switch (kind.reduction) {
+    case Reduction::Sum: return f(SumOp<acc_t>());
+    case Reduction::Amax: return f(MaxOp<acc_t>());
+    case Reduction::Amin: return f(MinOp<acc_t>());
+    case Reduction::Prod: return f(ProdOp<acc_t>());
     case Reduction::Mean:
-      if constexpr (std::is_floating_point_v<acc_t>) return f(SumOp<acc_t>(), DivideBy<acc_t>{acc_t(reduced_count)});
-      TORCH_CHECK(false, "torch_reduce: mean of a non-floating dtype reached a kernel");
-    case Reduction::Amax: return f(MaxOp<acc_t>(), KeepValue());
-    case Reduction::Amin: return f(MinOp<acc_t>(), KeepValue());
+    case Reduction::VectorNorm:
+      if constexpr (std::is_floating_point_v<acc_t>) {
+        const double p = kind.ord;
+        if (kind.reduction == Reduction::Mean) return f(MeanOp<acc_t>{{}, acc_t(reduced_count)});
+        if (p == 2) return f(NormTwoOp<acc_t>());
+        if (p == 1) return f(NormOneOp<acc_t>());
+        if (p == 0) return f(NormZeroOp<acc_t>());
+        if (std::isinf(p)) return p > 0 ? f(NormInfOp<acc_t>()) : f(NormNegInfOp<acc_t>());
+        return f(NormPOp<acc_t>{{}, acc_t(p)});
+      }
+      TORCH_CHECK(false, "torch_reduce: ", reduction_name(kind.reduction), " of a non-floating dtype reached a kernel");
   }
 }
 

@@ -2,6 +2,8 @@
 // The reduction ladder: every variant's name, in order, and what its CPU and CUDA kernels share.
 #include <ATen/ATen.h>
 
+#include "model_gpu.h"
+
 namespace torch_reduce {
 
 // X(op name, enum name): the one list the schemas (ops.cpp) and both backends' registrations expand.
@@ -37,13 +39,14 @@ inline int64_t loads_per_thread(Ladder v) {
   return (v == Ladder::Interleaved || v == Ladder::Strided || v == Ladder::Sequential) ? 1 : 2;
 }
 
-// REDUCE-6's grid: as many blocks as the multiprocessors hold at once (2048 threads each), no more than
-// the input needs. The CPU model uses the H200's 132 multiprocessors, so it replays that GPU's order.
-constexpr int64_t kModelMultiprocessors = 132;
-inline int64_t ladder_grid(Ladder v, int64_t n, int64_t block_size, int64_t multiprocessors) {
+// REDUCE-6's grid: as many blocks as the multiprocessors hold at once, no more than the input needs. The GPU
+// passes its own shape (launch.cuh: current_gpu_shape), the CPU model kModelGpu's, so it replays that GPU's
+// order.
+inline int64_t ladder_grid(Ladder v, int64_t n, int64_t block_size, const GpuShape& gpu) {
   const int64_t per_block = block_size * loads_per_thread(v);
   const int64_t wanted = (n + per_block - 1) / per_block;
-  return v == Ladder::Multi ? std::min(wanted, multiprocessors * (2048 / block_size)) : wanted;
+  return v == Ladder::Multi ? std::min(wanted, gpu.multiprocessors * (gpu.threads_per_multiprocessor / block_size))
+                            : wanted;
 }
 
 // Argument checks shared by the CPU and CUDA kernels; returns the elements as one contiguous 1-D run.

@@ -1,7 +1,10 @@
 // Every schema of the `reduce` namespace, and nothing else. Kernels register in csrc/cpu and csrc/cuda,
-// fake (meta) kernels and autograd in torch_reduce/ops.py.
+// autograd in csrc/*_autograd.cpp, autocast in csrc/autocast.cpp, fake (meta) kernels in torch_reduce/ops.py.
 #include <torch/library.h>
 
+#include <string>
+
+#include "dim_reduce.h"
 #include "ladder.h"
 
 TORCH_LIBRARY(reduce, m) {
@@ -10,11 +13,12 @@ TORCH_LIBRARY(reduce, m) {
   TORCH_REDUCE_LADDER(TORCH_REDUCE_SCHEMA)
 #undef TORCH_REDUCE_SCHEMA
 
-  // Drop-in reductions with torch's semantics (torch_reduce/reductions.py): dims, keepdim, dtype=.
-  m.def("sum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor");
-  m.def("mean(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor");
-  m.def("amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor");
-  m.def("amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor");
+  // Drop-in dim reductions with torch's semantics (torch_reduce/reductions.py): one per row of the table in
+  // dim_reduce.h, the arguments its signature names.
+#define TORCH_REDUCE_SCHEMA(name, reduction, Signature) \
+  m.def(torch::schema((std::string(#name) + torch_reduce::Signature::kSchema).c_str()));
+  TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_SCHEMA)
+#undef TORCH_REDUCE_SCHEMA
 
   // torch.var_mean: dim None or [] reduces every dim; correction None means 1 (any real number: torch divides
   // by max(0, N - correction)); results in the input's dtype. `unbiased=` lives in the Python wrapper.

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check, in one call on a CUDA machine: build, the whole test suite, compute-sanitizer
 # (memcheck + racecheck) on every ladder variant, the drop-ins and LayerNorm, the Nsight Compute comparison,
-# a kernel-by-kernel profile of the LayerNorm benchmark, the benchmarks.
+# a kernel-by-kernel profile of the LayerNorm benchmark, the benchmarks; and the wheel, built here and tested
+# installed in a fresh virtual environment (wheel step).
 # Leaves summary.txt, profile.md and gpu_check.tar.gz (logs, results, ncu tables) in $OUT (else .gpu_out/).
 # Python wheels the machine cannot download (it has no network; e.g. liger-kernel, the LayerNorm baseline) travel
 # in .whl/ (git-ignored) and are installed, without dependencies, into /tmp/site on PYTHONPATH.
 #
-#   scripts/gpu_check.sh [--quick] [--steps build,test,sanitize,ncu,profile,bench,two-gpu] [--tests "tests/a.py ..."]
+#   scripts/gpu_check.sh [--quick] [--steps build,test,wheel,sanitize,ncu,profile,bench,two-gpu] [--tests "tests/a.py ..."]
 #                        [--sections ladder,dropin,layernorm] [--gpus 1|2]
 #   scripts/gpu_check.sh --layernorm-quick   # build, then the quick LayerNorm section alone
 #   scripts/gpu_check.sh --gpus 2            # two GPUs: build, then tests/test_two_gpus.py and
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 case "$GPUS" in
-  1) STEPS=${STEPS:-build,test,sanitize,ncu,bench} ;;
+  1) STEPS=${STEPS:-build,test,wheel,sanitize,ncu,bench} ;;
   2) STEPS=${STEPS:-build,two-gpu}
      # NVLink multicast stays off on the two-GPU machine: NCCL's NVLS, torch's symmetric memory, NVSHMEM.
      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ;;
@@ -49,7 +50,16 @@ want() { [[ ",$STEPS," == *",$1,"* ]]; }
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 # The extension is built in place (build step): scripts/ find the package through PYTHONPATH.
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+# Compile jobs: one a core, at most one per 2 GiB of available memory (as the Makefile).
+max_jobs() {
+  local cores jobs
+  cores=$(nproc)
+  jobs=$(awk '/^MemAvailable:/ {print int($2 / 2097152)}' /proc/meminfo)
+  [ "$jobs" -gt "$cores" ] && jobs=$cores
+  echo $((jobs >= 1 ? jobs : 1))
+}
+# One architecture, the GPU's: the wheel's default list (8.0;8.6;8.9;9.0+PTX) would compile everything 4 times.
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(max_jobs)}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -85,6 +95,33 @@ if want test; then
   step tests 400 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" $TESTS
   tail -3 "$WORK/logs/tests.log" | tee -a "$SUMMARY"
   grep -E "^SKIPPED" "$WORK/logs/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+if want wheel; then
+  # The wheel as a user installs it: built in-tree (ninja reuses the build step's objects when the flags are the
+  # same), installed into a fresh virtual environment and tested from outside the source tree (python -P: not
+  # even the working directory is on the path). --no-deps: the machine has no network, so torch, pytest and
+  # hypothesis come from the image's environment; carried wheels (expecttest) from /tmp/site.
+  # --force-reinstall: a torch_reduce of the same version installed in the image must not stand in for the wheel.
+  rm -rf "$WORK/dist" "$WORK/venv"
+  # The image's torch lives in a virtual environment itself, which --system-site-packages would not reach: a .pth
+  # file puts that environment's site-packages after the new one's.
+  if step wheel-build 600 python3 -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" . &&
+     step wheel-install 120 bash -c 'python3 -m venv "$1/venv" &&
+       site=$("$1/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])") &&
+       python3 -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])" > "$site/image-site-packages.pth" &&
+       "$1/venv/bin/python" -m pip install -q --no-index --no-deps --force-reinstall "$1"/dist/torch_reduce-*.whl' \
+       _ "$WORK"; then
+    wheel=$(echo "$WORK"/dist/torch_reduce-*.whl)
+    python3 .ci/check_wheel.py "$wheel" 2>&1 | tee -a "$SUMMARY"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    wheel_env=(env -u PYTHONPATH)
+    [ -d /tmp/site ] && wheel_env=(env PYTHONPATH=/tmp/site)
+    step wheel-tests 600 "${wheel_env[@]}" "$WORK/venv/bin/python" -P -c 'import sys, torch_reduce
+assert "/venv/" in torch_reduce.__file__, torch_reduce.__file__
+sys.exit(__import__("pytest").main(sys.argv[1:]))' -q -p no:cacheprovider tests/test_op_contract.py tests/test_packaging.py
+    tail -3 "$WORK/logs/wheel-tests.log" | tee -a "$SUMMARY"
+    rm -rf "$WORK/venv"  # not worth carrying back
+  fi
 fi
 if want two-gpu; then
   two_gpu_tests=(tests/test_two_gpus.py)

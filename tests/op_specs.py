@@ -146,3 +146,59 @@ def describe(args, kwargs) -> str:
         return repr(a)
 
     return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
+
+
+# ----------------------------------------------------------------------------------- prod, vector_norm ----
+
+def make_near_one(shape, device, dtype, requires_grad=False, layout="contiguous"):
+    """make()'s tensor with its values mapped to about 1 +- 0.3, so products of many elements stay in range."""
+    t = make(shape, device, dtype, False, layout)
+    with torch.no_grad():  # the whole storage, through one dense view (an expanded tensor refuses in-place ops)
+        storage = t.untyped_storage().nbytes() // t.element_size()
+        t.as_strided((storage,), (1,), 0).mul_(0.3).add_(1)
+    return t.requires_grad_(requires_grad)
+
+
+def prod_samples(device, dtype, requires_grad):
+    t = lambda shape, layout="contiguous": make_near_one(shape, device, dtype, requires_grad, layout)  # noqa: E731
+    yield (t((3, 5, 7)),), {}
+    yield (t((3, 5, 7)), 1), {}
+    yield (t((3, 5, 7)), 2, True), {}
+    yield (t((3, 5, 7), "transposed"), -1), {"keepdim": True}
+    yield (t((6, 9), "stepped"), 0), {}
+    yield (t((4, 7), "expanded"), 1), {}
+    yield (t((4, 7), "expanded"), 0), {"keepdim": True}
+    yield (t(()),), {}
+    yield (t((1001,)), 0), {}
+    yield (t((5, 3)), 1), {"dtype": torch.float64}
+
+
+def vector_norm_samples(device, dtype, requires_grad):
+    """Every order but 0 (its gradient and tangents are 0; tests/test_prod_norm.py covers it)."""
+    t = lambda shape, layout="contiguous": make(shape, device, dtype, requires_grad, layout)  # noqa: E731
+    yield (t((3, 5, 7)),), {}
+    yield (t((3, 5, 7)), 1, 1), {}
+    yield (t((3, 5, 7)), float("inf"), (0, 2), True), {}
+    yield (t((3, 5, 7), "transposed"), -float("inf"), -1), {"keepdim": True}
+    yield (t((6, 9), "stepped"), 3, 0), {}
+    yield (t((4, 7), "expanded"), 0.5, 1), {}
+    yield (t((4, 7), "expanded"), -1.5, (0,)), {"keepdim": True}
+    yield (t(()), 2), {}
+    yield (t((1001,)), 2, 0), {}
+    yield (t((2, 3)), 2.5, None, True), {}
+    yield (t((5, 3)), 2, 1), {"dtype": torch.float64}
+
+
+def _torch_prod(input, dim=None, keepdim=False, *, dtype=None):
+    """torch.prod with torch_reduce.prod's signature (torch.prod has no dim=None)."""
+    if dim is not None:
+        return torch.prod(input, dim, keepdim, dtype=dtype)
+    out = torch.prod(input, dtype=dtype)
+    return out.reshape([1] * input.dim()) if keepdim else out
+
+
+SPECS += [
+    OpSpec("prod", torch_reduce.prod, _torch_prod, prod_samples),
+    OpSpec("vector_norm", torch_reduce.vector_norm, torch.linalg.vector_norm, vector_norm_samples),
+]
+BY_NAME = {s.name: s for s in SPECS}

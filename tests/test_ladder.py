@@ -6,12 +6,12 @@ import torch
 
 from conftest import ALL_DTYPES, DEVICES, random_tensor, requires_cuda
 from torch_reduce import LADDER
+from torch_reduce.analysis.model_gpu import MODEL_GPU
 from torch_reduce.ladder import BY_NAME
 
 SIZES = [0, 1, 2, 31, 32, 33, 255, 256, 257, 997, 1023, 1025, 4095, 4097, 65521, 65537, 1_000_003]
 BLOCK_SIZES = [32, 64, 128, 256, 512, 1024]
 VARIANTS = [v.name for v in LADDER]
-MODEL_SMS = 132  # the CPU models replay a GPU with the H200's multiprocessor count
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53}
 RESULT_ROUNDING = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
@@ -27,7 +27,8 @@ def per_thread_elements(name, n, block):
         return 1
     if name in ("sum_first_add", "sum_warp_unrolled", "sum_unrolled"):
         return 2
-    threads = min(-(-n // block), MODEL_SMS * 2048 // block) * block
+    resident_blocks = MODEL_GPU.multiprocessors * (MODEL_GPU.threads_per_multiprocessor // block)
+    threads = min(-(-n // block), resident_blocks) * block
     return -(-n // max(threads, 1)) + 16
 
 
@@ -159,11 +160,14 @@ def test_ladder_registry():
 
 
 def gpu_replays_cpu_model(name, n, block):
-    """Whether the CPU model's launch geometry is the GPU's (same SM count; vector kernels below the cap)."""
-    if torch.cuda.get_device_properties(0).multi_processor_count != MODEL_SMS:
+    """Whether the CPU model's launch geometry is the GPU's (same SMs; vector kernels below the cap)."""
+    properties = torch.cuda.get_device_properties(0)
+    if (properties.multi_processor_count, properties.max_threads_per_multi_processor) != (
+            MODEL_GPU.multiprocessors, MODEL_GPU.threads_per_multiprocessor):
         return BY_NAME[name].loads_per_thread in (1, 2) and name != "sum_multi"
     if BY_NAME[name].loads_per_thread == 0:
-        return -(-n // 4) <= MODEL_SMS * block * 4  # fewer blocks than one per SM: no occupancy question
+        # fewer blocks than one per SM: no occupancy question
+        return -(-n // 4) <= MODEL_GPU.multiprocessors * block * 4
     return True
 
 

@@ -1,11 +1,14 @@
-"""PyTorch's own OpInfo samples (torch.testing._internal's op_db) for var_mean, sum, mean, amax and amin: ours,
-called with exactly a sample's input, args and kwargs, gives torch's result (values, dtype, shape).
+"""PyTorch's own OpInfo samples (torch.testing._internal's op_db) for var_mean, sum, mean, amax, amin, prod and
+linalg.vector_norm: ours, called with exactly a sample's input, args and kwargs, gives torch's result (values,
+dtype, shape).
 
 No sample is skipped: op_db's sample_inputs never pass out= (OpInfo's test_out builds those from
 supports_out, and out= is outside the spec), and every dtype OpInfo lists for the op is run among float32,
 float64 and bfloat16. Each sample runs as given and in its noncontiguous() form, as OpInfo's
 test_noncontiguous_samples does.
 """
+import functools
+
 import pytest
 import torch
 
@@ -17,14 +20,16 @@ from conftest import DEVICES  # noqa: E402
 from op_specs import SELF_CHECK, describe  # noqa: E402
 from test_op_contract import TOL, assert_same  # noqa: E402
 
-NAMES = ("var_mean", "sum", "mean", "amax", "amin")
+NAMES = ("var_mean", "sum", "mean", "amax", "amin", "prod", "linalg.vector_norm")
 OPINFOS = [op for op in op_db if op.name in NAMES]
 assert {op.name for op in OPINFOS} == set(NAMES)
 pytestmark = pytest.mark.filterwarnings("ignore:var_mean.*degrees of freedom")
 
 
 def ours(name):
-    return getattr(torch, name) if SELF_CHECK else getattr(torch_reduce, name)
+    if SELF_CHECK:
+        return functools.reduce(getattr, name.split("."), torch)
+    return getattr(torch_reduce, name.split(".")[-1])  # linalg.vector_norm is torch_reduce.vector_norm
 
 
 def opinfo_id(op):

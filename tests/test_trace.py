@@ -2,11 +2,14 @@
 (32 banks of 4 bytes; word w in bank w % 32; a warp instruction needs as many wavefronts as the most distinct
 words one bank must deliver), and the replayed sums against torch.ops.reduce bit for bit."""
 import argparse
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from torch_reduce.analysis import trace as tr
+from torch_reduce.analysis.model_gpu import MODEL_GPU
 from torch_reduce.analysis.trace import replay_sum, trace
 
 BLOCK_SIZES = [32, 64, 128, 256, 512, 1024]
@@ -300,8 +303,17 @@ def test_kernels_match_the_ladder():
     assert shared == {name: (k.tree, k.loads_per_thread) for name, k in tr.KERNELS.items()}
 
 
-# sum_multi's grid is capped at 132 * 2048 / block blocks of 2*block values: 540,672 values for any block
-# size; 1,200,000 makes every thread go round its grid-stride loop three times.
+def test_model_gpu_is_the_cpu_kernels_model_gpu():
+    """The Python models and the C++ ones (csrc/model_gpu.h) replay the same GPU."""
+    header = (Path(__file__).resolve().parents[1] / "csrc" / "model_gpu.h").read_text()
+    numbers = re.search(r"kModelGpu\{(\d+), (\d+)\}", header)
+    assert numbers, "csrc/model_gpu.h: kModelGpu{multiprocessors, threads_per_multiprocessor} not found"
+    assert tuple(map(int, numbers.groups())) == (MODEL_GPU.multiprocessors, MODEL_GPU.threads_per_multiprocessor)
+
+
+# sum_multi's grid is capped at the model GPU's resident threads / block (132 * 2048 / block on the H200) blocks
+# of 2*block values: 540,672 values for any block size; 1,200,000 makes every thread go round its grid-stride
+# loop three times.
 SIZES = [1, 33, 1000, 4097, 65_537, 1_200_000]
 
 

@@ -48,4 +48,3 @@ LADDER: tuple[Variant, ...] = (
 )
 
 BY_NAME = {v.name: v for v in LADDER}
-SEEDS = LADDER[:3]

@@ -1,4 +1,5 @@
-"""Python side of the registered ops: fake (meta) kernels for torch.compile.
+"""Python side of the registered ops: fake (meta) kernels for torch.compile, and the Python mirror of the
+dim-reduction table (DIM_REDUCTIONS) that reductions.py builds its wrappers from.
 
 Autograd and autocast are registered in C++ (csrc/*_autograd.cpp, csrc/autocast.cpp), so a call pays no
 Python wrapper.
@@ -6,6 +7,7 @@ Python wrapper.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +28,43 @@ for _variant in LADDER:
     _register_ladder_fake(_variant.name)
 
 
-# ------------------------------------------------------------ sum, mean, amax, amin (reductions.py) ----
+# ------------------------------------------------------------------------------ the dim reductions ----
+# The mirror of csrc/dim_reduce.h's table (TORCH_REDUCE_DIM_REDUCTIONS): one row per op, its signature the
+# same as there. Each row gets a fake kernel here and a wrapper in reductions.py; the fake kernels raise what
+# csrc/dim_reduce.cpp raises, in the same order and words.
+
+
+@dataclass(frozen=True)
+class DimReduction:
+    name: str       # torch.ops.reduce.<name>, torch_reduce.<name>
+    signature: str  # DimsDtype, Dims or OrdDimsDtype, as in dim_reduce.h
+    doc: str        # the wrapper's docstring
+
+
+DIM_REDUCTIONS = [
+    DimReduction("sum", "DimsDtype", "torch.sum: integers and bool sum to int64; dtype= casts the input first and "
+                 "accumulates in its type."),
+    DimReduction("mean", "DimsDtype", "torch.mean: floating inputs (or a floating dtype=) only; the mean of nothing "
+                 "is NaN."),
+    DimReduction("amax", "Dims", "torch.amax: dim=() means every dim; NaN wins; an empty reduction raises."),
+    DimReduction("amin", "Dims", "torch.amin: dim=() means every dim; NaN wins; an empty reduction raises."),
+    DimReduction("prod", "DimsDtype", "torch.prod: integers and bool multiply to int64; the product of nothing is 1. "
+                 "dim may also be a tuple of dims (torch.prod takes one)."),
+    DimReduction("vector_norm", "OrdDimsDtype", "torch.linalg.vector_norm: ord 0, 1, 2, inf, -inf or any float; "
+                 "floating inputs only; orders inf and below 0 raise on an empty reduction."),
+]
+
+_C10_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", torch.int32: "Int",
+              torch.int64: "Long", torch.bool: "Bool", torch.float32: "Float", torch.float64: "Double",
+              torch.float16: "Half", torch.bfloat16: "BFloat16"}  # how torch's messages name dtypes
+_REDUCIBLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
+              torch.int32, torch.int64, torch.bool)
+
+
+def _check_reducible(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in _REDUCIBLE:
+        raise RuntimeError(f"{name}: unsupported dtype {t.dtype}; expected float32, float64, float16, bfloat16, an "
+                           "integer type (int8..int64, uint8) or bool")
 
 
 def _reduced_dims(name: str, t: torch.Tensor, dim) -> list[int]:
@@ -51,12 +89,21 @@ def _reduced_dims(name: str, t: torch.Tensor, dim) -> list[int]:
     return sorted(d for d in seen if d < ndim)
 
 
-_C10_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", torch.int32: "Int",
-              torch.int64: "Long", torch.bool: "Bool"}  # how torch's messages name the non-floating dtypes
+def _check_empty_vector_norm(t: torch.Tensor, ord: float, dim) -> None:
+    """Orders inf and below 0 have no identity: an empty reduction raises (after the dims are checked)."""
+    if t.numel() != 0 or not (ord < 0 or ord == math.inf):
+        return
+    if dim is None or len(dim) == 0:
+        raise RuntimeError(f"linalg.vector_norm cannot compute the {ord:g} norm on an empty tensor because the "
+                           "operation does not have an identity")
+    for d in dim:
+        if t.shape[d] == 0:
+            raise RuntimeError(f"linalg.vector_norm cannot compute the {ord:g} norm on the dimension {d}because this "
+                               "dimension is empty and the operation does not have an identity")
 
 
 def _result_dtype(name: str, t: torch.Tensor, dtype) -> torch.dtype:
-    if name == "sum":
+    if name in ("sum", "prod"):
         return dtype or _sum_result_dtype(t.dtype)
     if name == "mean":
         out = dtype or t.dtype
@@ -65,19 +112,48 @@ def _result_dtype(name: str, t: torch.Tensor, dtype) -> torch.dtype:
             raise RuntimeError(f"mean(): could not infer output dtype. {which} must be either a floating point "
                                f"or complex dtype. Got: {_C10_NAMES.get(out, out)}")
         return out
+    if name == "vector_norm":
+        if not t.dtype.is_floating_point:
+            raise RuntimeError("linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                               f"Got {_C10_NAMES.get(t.dtype, t.dtype)}")
+        if dtype is not None and not dtype.is_floating_point:
+            raise RuntimeError("linalg.vector_norm: dtype should be floating point or complex, but got "
+                               f"{_C10_NAMES.get(dtype, dtype)}")
+        if dtype is not None and torch.promote_types(t.dtype, dtype) != dtype:
+            raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({_C10_NAMES[t.dtype]}) should be "
+                               f"convertible without narrowing to the specified dtype ({_C10_NAMES[dtype]})")
+        return dtype or t.dtype
     return t.dtype
 
 
-def _register_reduction_fake(name: str) -> None:
-    @torch.library.register_fake(f"reduce::{name}")
-    def _fake(t, dim=None, keepdim=False, *, dtype=None):
-        dims = _reduced_dims(name, t, dim)
-        shape = [1 if d in dims else s for d, s in enumerate(t.shape) if keepdim or d not in dims]
-        return t.new_empty(shape, dtype=_result_dtype(name, t, dtype))
+def _reduction_fake(name: str, t, dim, keepdim, dtype=None, ord=2.0):
+    _check_reducible(name, t)
+    out_dtype = _result_dtype(name, t, dtype)
+    x = t if dtype is None else t.to(dtype)
+    _check_reducible(name, x)
+    dims = _reduced_dims(name, x, dim)
+    if name == "vector_norm":
+        _check_empty_vector_norm(x, float(ord), dim)
+    shape = [1 if d in dims else s for d, s in enumerate(x.shape) if keepdim or d not in dims]
+    return x.new_empty(shape, dtype=out_dtype)
 
 
-for _name in ("sum", "mean", "amax", "amin"):
-    _register_reduction_fake(_name)
+def _register_reduction_fake(row: DimReduction) -> None:
+    name = row.name
+    if row.signature == "DimsDtype":
+        def fake(t, dim=None, keepdim=False, *, dtype=None):
+            return _reduction_fake(name, t, dim, keepdim, dtype)
+    elif row.signature == "Dims":
+        def fake(t, dim=(), keepdim=False):
+            return _reduction_fake(name, t, dim, keepdim)
+    else:
+        def fake(t, ord=2, dim=None, keepdim=False, *, dtype=None):
+            return _reduction_fake(name, t, dim, keepdim, dtype, ord)
+    torch.library.register_fake(f"reduce::{name}")(fake)
+
+
+for _row in DIM_REDUCTIONS:
+    _register_reduction_fake(_row)
 
 
 # ------------------------------------------------------------------------------------------------ var_mean ----

@@ -1,34 +1,44 @@
-"""Drop-in reductions with torch's semantics: ``torch_reduce.sum/mean/amax/amin`` take the arguments of
-``torch.sum/mean/amax/amin`` and give the same results and errors (dims as an int, a tuple, negative,
-None or (), keepdim, dtype=, empty tensors, NaN). Each calls its registered op ``torch.ops.reduce.<name>``
-(CPU and CUDA kernels in csrc/, fake kernels and autograd in ops.py).
+"""Drop-in reductions with torch's semantics: ``torch_reduce.sum/mean/amax/amin/prod/vector_norm`` take the
+arguments of ``torch.sum/mean/amax/amin/prod`` and ``torch.linalg.vector_norm`` and give the same results and
+errors (dims as an int, a tuple, negative, None or (), keepdim, dtype=, empty tensors, NaN). Each calls its
+registered op ``torch.ops.reduce.<name>`` (CPU and CUDA kernels, autograd and autocast in csrc/, fake kernels
+in ops.py); one wrapper per row of ops.DIM_REDUCTIONS, whose signature decides the arguments.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
+
+from .ops import DIM_REDUCTIONS, DimReduction
 
 Dims = Union[int, Sequence[int], None]
 
 
-def sum(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,  # noqa: A001  (torch's name)
-        dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """torch.sum: integers and bool sum to int64; dtype= casts the input first and accumulates in its type."""
-    return torch.ops.reduce.sum(input, dim, keepdim, dtype=dtype)
+def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
+    op = getattr(torch.ops.reduce, row.name)
+    if row.signature == "DimsDtype":
+        def reduction(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,
+                      dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+            return op(input, dim, keepdim, dtype=dtype)
+    elif row.signature == "Dims":
+        def reduction(input: torch.Tensor, dim: Union[int, Sequence[int]] = (),
+                      keepdim: bool = False) -> torch.Tensor:
+            return op(input, dim, keepdim)
+    else:
+        def reduction(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool = False, *,
+                      dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+            return op(x, ord, dim, keepdim, dtype=dtype)
+    reduction.__name__ = reduction.__qualname__ = row.name
+    reduction.__doc__ = row.doc
+    return reduction
 
 
-def mean(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,
-         dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """torch.mean: floating inputs (or a floating dtype=) only; the mean of nothing is NaN."""
-    return torch.ops.reduce.mean(input, dim, keepdim, dtype=dtype)
-
-
-def amax(input: torch.Tensor, dim: Union[int, Sequence[int]] = (), keepdim: bool = False) -> torch.Tensor:
-    """torch.amax: dim=() means every dim; NaN wins; an empty reduction raises."""
-    return torch.ops.reduce.amax(input, dim, keepdim)
-
-
-def amin(input: torch.Tensor, dim: Union[int, Sequence[int]] = (), keepdim: bool = False) -> torch.Tensor:
-    """torch.amin: dim=() means every dim; NaN wins; an empty reduction raises."""
-    return torch.ops.reduce.amin(input, dim, keepdim)
+_WRAPPERS = {row.name: _wrapper(row) for row in DIM_REDUCTIONS}
+sum = _WRAPPERS["sum"]  # noqa: A001  (torch's names, on purpose)
+mean = _WRAPPERS["mean"]
+amax = _WRAPPERS["amax"]
+amin = _WRAPPERS["amin"]
+prod = _WRAPPERS["prod"]
+vector_norm = _WRAPPERS["vector_norm"]
+__all__ = list(_WRAPPERS)

@@ -1,8 +1,16 @@
 #pragma once
-// The combine operators every reduction is built from, shared by the CPU and CUDA kernels.
-// Each carries its identity, so a thread with nothing to load contributes a neutral value.
+// The ops objects every reduction is built from, shared by the CPU and CUDA kernels and by every kernel
+// family (full, row, column, LayerNorm statistics). An ops object over the accumulate type T has
+//   static identity()  the value of an empty fold: what a thread with nothing to load contributes;
+//   transform(x)       optional: applied once to each element as it is loaded (|x| for a norm);
+//   operator()(a, b)   the combine: associative, applied in the kernels' fixed orders;
+//   project(a)         optional: the final map before the store (a / count for a mean, sqrt for a 2-norm).
+// load_element and project_result below apply the optional parts, so a bare combine operator (SumOp,
+// WelfordOp) is an ops object too. Partials already transformed are folded with partials_ops(ops).
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define TR_HOST_DEVICE __host__ __device__ __forceinline__
@@ -12,10 +20,67 @@
 
 namespace torch_reduce {
 
+template <typename Ops, typename = void>
+struct HasTransform : std::false_type {};
+template <typename Ops>
+struct HasTransform<Ops, std::void_t<decltype(&Ops::transform)>> : std::true_type {};
+
+template <typename Ops, typename = void>
+struct HasProject : std::false_type {};
+template <typename Ops>
+struct HasProject<Ops, std::void_t<decltype(&Ops::project)>> : std::true_type {};
+
+// An element of the input as the fold sees it: converted to the accumulate type, then transformed.
+template <typename acc_t, typename Ops, typename T>
+TR_HOST_DEVICE acc_t load_element(const Ops& ops, const T& x) {
+  if constexpr (HasTransform<Ops>::value) {
+    return ops.transform(static_cast<acc_t>(x));
+  } else {
+    return static_cast<acc_t>(x);
+  }
+}
+
+template <typename Ops, typename T>
+TR_HOST_DEVICE T project_result(const Ops& ops, const T& a) {
+  if constexpr (HasProject<Ops>::value) {
+    return ops.project(a);
+  } else {
+    return a;
+  }
+}
+
+// The same reduction over partials that were transformed when their elements were loaded: identity,
+// combine and project of `Ops`, no transform.
+template <typename Ops>
+struct PartialsOps {
+  using T = decltype(Ops::identity());
+  Ops ops;
+  static TR_HOST_DEVICE T identity() { return Ops::identity(); }
+  TR_HOST_DEVICE T operator()(const T& a, const T& b) const { return ops(a, b); }
+  TR_HOST_DEVICE T project(const T& a) const { return project_result(ops, a); }
+};
+
+// What a second pass over partials folds with: `ops` itself when it transforms nothing (the same kernel
+// as the first pass, so sum's second launch is the kernel it always was).
+template <typename Ops>
+TR_HOST_DEVICE auto partials_ops(const Ops& ops) {
+  if constexpr (HasTransform<Ops>::value) {
+    return PartialsOps<Ops>{ops};
+  } else {
+    return ops;
+  }
+}
+
 template <typename T>
 struct SumOp {
   static TR_HOST_DEVICE T identity() { return T(0); }
   TR_HOST_DEVICE T operator()(T a, T b) const { return a + b; }
+};
+
+template <typename T>
+struct ProdOp {
+  static TR_HOST_DEVICE T identity() { return T(1); }
+  TR_HOST_DEVICE T operator()(T a, T b) const { return a * b; }
 };
 
 // max/min propagate NaN like torch.amax/amin: `a != a` is true only for NaN (and is false for integers).
@@ -37,16 +102,51 @@ struct MinOp {
   TR_HOST_DEVICE T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
 };
 
-// What the final value goes through before it is stored: nothing (sum, amax, amin) or a division (mean).
+// "No final map", as the ladder passes it to launch_device_reduce beside its combine operator.
 struct KeepValue {
   template <typename T>
   TR_HOST_DEVICE T operator()(T v) const { return v; }
 };
 
 template <typename T>
-struct DivideBy {
-  T count;
-  TR_HOST_DEVICE T operator()(T v) const { return v / count; }
+struct MeanOp : SumOp<T> {
+  T count;  // the reduced extent K; an empty mean is 0 / 0, NaN
+  TR_HOST_DEVICE T project(T a) const { return a / count; }
+};
+
+// Vector norms over floating T, as torch.linalg.vector_norm computes them: sum |x|^p, then ^(1/p), with
+// the orders that need no power on their own ops (the power costs ~20 instructions an element).
+template <typename T>
+struct NormZeroOp : SumOp<T> {  // the count of non-zeros (NaN counts)
+  TR_HOST_DEVICE T transform(T x) const { return x == T(0) ? T(0) : T(1); }
+};
+
+template <typename T>
+struct NormOneOp : SumOp<T> {
+  TR_HOST_DEVICE T transform(T x) const { return std::fabs(x); }
+};
+
+template <typename T>
+struct NormTwoOp : SumOp<T> {
+  TR_HOST_DEVICE T transform(T x) const { return x * x; }
+  TR_HOST_DEVICE T project(T a) const { return std::sqrt(a); }
+};
+
+template <typename T>
+struct NormInfOp : MaxOp<T> {  // max |x|; NaN wins
+  TR_HOST_DEVICE T transform(T x) const { return std::fabs(x); }
+};
+
+template <typename T>
+struct NormNegInfOp : MinOp<T> {  // min |x|; NaN wins
+  TR_HOST_DEVICE T transform(T x) const { return std::fabs(x); }
+};
+
+template <typename T>
+struct NormPOp : SumOp<T> {  // any other p, negative and between 0 and 1 included
+  T p;
+  TR_HOST_DEVICE T transform(T x) const { return std::pow(std::fabs(x), p); }
+  TR_HOST_DEVICE T project(T a) const { return std::pow(a, T(1) / p); }
 };
 
 // Running statistics of a run of numbers: its mean, the sum of squared deviations from that mean (m2) and

@@ -30,7 +30,7 @@ acc_t load_thread_value(Ladder v, const in_t* in, int64_t n, int64_t b, int64_t 
 // One pass of a shared-memory variant: every block's tree, one partial per block.
 template <typename acc_t, typename in_t>
 std::vector<acc_t> ladder_pass(Ladder v, const in_t* in, int64_t n, int64_t block) {
-  const int64_t grid = ladder_grid(v, n, block, kModelMultiprocessors);
+  const int64_t grid = ladder_grid(v, n, block, kModelGpu);
   std::vector<acc_t> partials(grid), sdata(block);
   for (int64_t b = 0; b < grid; ++b) {
     for (int64_t tid = 0; tid < block; ++tid) sdata[tid] = load_thread_value<acc_t>(v, in, n, b, tid, block, grid);
@@ -58,7 +58,7 @@ at::Tensor ladder_sum_cpu(const at::Tensor& t, int64_t block_size) {
     const scalar_t* in = x.const_data_ptr<scalar_t>();
     acc_t sum;
     if constexpr (kVariant == Ladder::Vec || kVariant == Ladder::SinglePass) {
-      sum = device_reduce<acc_t>(in, n, block_size, kModelMultiprocessors, kVariant == Ladder::SinglePass,
+      sum = device_reduce<acc_t>(in, n, block_size, kModelGpu, kVariant == Ladder::SinglePass,
                                  SumOp<acc_t>());
     } else {
       std::vector<acc_t> partials = ladder_pass<acc_t>(kVariant, in, n, block_size);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/reduce_ops.h"
+#include "model_gpu.h"
 
 namespace torch_reduce::cpu {
 
@@ -98,18 +99,18 @@ std::vector<acc_t> device_reduce_blocks(const scalar_t* in, int64_t n, int64_t b
   return partials;
 }
 
-// The grid device_reduce_grid picks on a GPU with kModelMultiprocessors SMs at full occupancy.
-inline int64_t device_reduce_grid(int64_t n, int64_t element_bytes, int64_t block, int64_t multiprocessors) {
+// The grid device_reduce_grid picks on a GPU of this shape at full occupancy.
+inline int64_t device_reduce_grid(int64_t n, int64_t element_bytes, int64_t block, const GpuShape& gpu) {
   const int64_t vectors = (n * element_bytes + 15) / 16;
   const int64_t wanted = (vectors + block * kUnroll - 1) / (block * kUnroll);
-  return std::max<int64_t>(1, std::min(wanted, multiprocessors * (2048 / block)));
+  return std::max<int64_t>(1, std::min(wanted, gpu.multiprocessors * (gpu.threads_per_multiprocessor / block)));
 }
 
 // The whole reduction: one block's result, or the partials folded by the last block (single_pass) or by a
 // second one-block launch over the partials.
 template <typename acc_t, typename scalar_t, typename Op>
-acc_t device_reduce(const scalar_t* in, int64_t n, int64_t block, int64_t multiprocessors, bool single_pass, Op op) {
-  const int64_t grid = device_reduce_grid(n, sizeof(scalar_t), block, multiprocessors);
+acc_t device_reduce(const scalar_t* in, int64_t n, int64_t block, const GpuShape& gpu, bool single_pass, Op op) {
+  const int64_t grid = device_reduce_grid(n, sizeof(scalar_t), block, gpu);
   std::vector<acc_t> partials = device_reduce_blocks<acc_t>(in, n, block, grid, op);
   if (grid == 1) return partials[0];
   if (!single_pass) return device_reduce_blocks<acc_t>(partials.data(), grid, block, 1, op)[0];

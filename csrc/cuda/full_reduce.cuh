@@ -1,6 +1,7 @@
 #pragma once
 // Device-wide reduction of a whole tensor at the memory-bandwidth limit (the ladder's sum_vec and
-// sum_single_pass, and the full reductions behind torch_reduce.sum/mean/amax/amin):
+// sum_single_pass, and the full reductions of every dim reduction: torch_reduce.sum, prod, vector_norm, ...),
+// driven by one ops object (common/reduce_ops.h) whose transform is applied as each element is loaded:
 //   thread:  16-byte vector loads, kUnroll independent loads in flight, a grid-stride loop; the few
 //            elements before the first 16-byte boundary (x[1:]) and after the last whole vector are
 //            loaded one by one;
@@ -17,10 +18,11 @@
 #include "common/reduce_ops.h"
 #include "cuda/block_reduce.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/tuning.h"
 
 namespace torch_reduce::cuda {
 
-constexpr int kUnroll = 4;  // 16-byte loads in flight per thread and iteration
+constexpr int kUnroll = UndispatchedTuning::kUnroll;  // 16-byte loads in flight per thread and iteration
 
 template <typename scalar_t>
 struct alignas(16) Vec16 {
@@ -37,12 +39,12 @@ __device__ __forceinline__ Vec16<scalar_t> load_vector(const Vec16<scalar_t>* p)
   return v;
 }
 
-// One vector folded pairwise (the same tree as the blocks, so the rounding error grows with log2 of
-// its width, not its width).
-template <typename acc_t, typename scalar_t, typename Op>
-__device__ __forceinline__ acc_t fold_vector(const Vec16<scalar_t>& v, Op op) {
+// One vector's elements, loaded, folded pairwise (the same tree as the blocks, so the rounding error grows
+// with log2 of its width, not its width).
+template <typename acc_t, typename scalar_t, typename Ops>
+__device__ __forceinline__ acc_t fold_vector(const Vec16<scalar_t>& v, Ops ops) {
   constexpr int kSize = Vec16<scalar_t>::kSize;
-  if constexpr (sizeof(scalar_t) == 1 && std::is_same_v<Op, SumOp<int64_t>>) {
+  if constexpr (sizeof(scalar_t) == 1 && std::is_same_v<Ops, SumOp<int64_t>>) {
     // Byte sums (int8, uint8, bool): __dp4a adds four bytes into an int32 in one instruction.
     const int* words = reinterpret_cast<const int*>(v.value);
     if constexpr (std::is_same_v<scalar_t, int8_t>) {
@@ -59,11 +61,11 @@ __device__ __forceinline__ acc_t fold_vector(const Vec16<scalar_t>& v, Op op) {
   } else {
     acc_t x[kSize];
 #pragma unroll
-    for (int k = 0; k < kSize; ++k) x[k] = static_cast<acc_t>(v.value[k]);
+    for (int k = 0; k < kSize; ++k) x[k] = load_element<acc_t>(ops, v.value[k]);
 #pragma unroll
     for (int s = kSize / 2; s > 0; s /= 2) {
 #pragma unroll
-      for (int k = 0; k < s; ++k) x[k] = op(x[k], x[k + s]);
+      for (int k = 0; k < s; ++k) x[k] = ops(x[k], x[k + s]);
     }
     return x[0];
   }
@@ -100,43 +102,43 @@ struct AlignedSplit {
 };
 
 // Thread `thread` of `threads` folds its share of in[0, n): vectors thread, thread + threads, ...
-template <typename acc_t, typename scalar_t, typename Op>
-__device__ acc_t thread_reduce(const scalar_t* __restrict__ in, int64_t n, int64_t thread, int64_t threads, Op op) {
+template <typename acc_t, typename scalar_t, typename Ops>
+__device__ acc_t thread_reduce(const scalar_t* __restrict__ in, int64_t n, int64_t thread, int64_t threads, Ops ops) {
   using V = Vec16<scalar_t>;
   const AlignedSplit<scalar_t> split(in, n);
   const V* vin = reinterpret_cast<const V*>(in + split.head);
 
   acc_t acc[kUnroll];
 #pragma unroll
-  for (int k = 0; k < kUnroll; ++k) acc[k] = Op::identity();
+  for (int k = 0; k < kUnroll; ++k) acc[k] = Ops::identity();
   int64_t i = thread;
   for (; i + (kUnroll - 1) * threads < split.vectors; i += kUnroll * threads) {
     V v[kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) v[k] = load_vector(vin + i + k * threads);  // all loads issued before any use
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) acc[k] = op(acc[k], fold_vector<acc_t>(v[k], op));
+    for (int k = 0; k < kUnroll; ++k) acc[k] = ops(acc[k], fold_vector<acc_t>(v[k], ops));
   }
-  for (; i < split.vectors; i += threads) acc[0] = op(acc[0], fold_vector<acc_t>(load_vector(vin + i), op));
+  for (; i < split.vectors; i += threads) acc[0] = ops(acc[0], fold_vector<acc_t>(load_vector(vin + i), ops));
 
   // Up to 15 scalars each side: one per thread for a block, a few per lane for a narrow row group.
-  for (int64_t j = thread; j < split.head; j += threads) acc[1] = op(acc[1], static_cast<acc_t>(in[j]));
+  for (int64_t j = thread; j < split.head; j += threads) acc[1] = ops(acc[1], load_element<acc_t>(ops, in[j]));
   const scalar_t* tail = in + split.head + split.vectors * V::kSize;
-  for (int64_t j = thread; j < split.tail; j += threads) acc[2] = op(acc[2], static_cast<acc_t>(tail[j]));
-  return op(op(acc[0], acc[1]), op(acc[2], acc[3]));
+  for (int64_t j = thread; j < split.tail; j += threads) acc[2] = ops(acc[2], load_element<acc_t>(ops, tail[j]));
+  return ops(ops(acc[0], acc[1]), ops(acc[2], acc[3]));
 }
 
 // One block per share of the input. With `ticket` null, each block writes its partial and a second
 // launch folds them; else the last block folds them and writes `out`. A grid of one block writes `out`.
-template <unsigned BLOCK, typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
+template <unsigned BLOCK, typename scalar_t, typename acc_t, typename out_t, typename Ops>
 __global__ void __launch_bounds__(BLOCK)
     device_reduce_kernel(const scalar_t* __restrict__ in, int64_t n, acc_t* __restrict__ partials,
-                         unsigned* __restrict__ ticket, out_t* __restrict__ out, Op op, Project project) {
+                         unsigned* __restrict__ ticket, out_t* __restrict__ out, Ops ops) {
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * BLOCK + threadIdx.x;
-  acc_t v = thread_reduce<acc_t>(in, n, thread, static_cast<int64_t>(gridDim.x) * BLOCK, op);
-  v = block_reduce<BLOCK>(v, op);
+  acc_t v = thread_reduce<acc_t>(in, n, thread, static_cast<int64_t>(gridDim.x) * BLOCK, ops);
+  v = block_reduce<BLOCK>(v, ops);
   if (gridDim.x == 1) {
-    if (threadIdx.x == 0) *out = static_cast<out_t>(project(v));
+    if (threadIdx.x == 0) *out = static_cast<out_t>(project_result(ops, v));
     return;
   }
   if (ticket == nullptr) {
@@ -151,11 +153,11 @@ __global__ void __launch_bounds__(BLOCK)
   }
   __syncthreads();
   if (!is_last_block) return;
-  acc_t w = Op::identity();
-  for (unsigned b = threadIdx.x; b < gridDim.x; b += BLOCK) w = op(w, load_from_l2(partials + b));
-  w = block_reduce<BLOCK>(w, op);
+  acc_t w = Ops::identity();
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += BLOCK) w = ops(w, load_from_l2(partials + b));
+  w = block_reduce<BLOCK>(w, ops);
   if (threadIdx.x == 0) {
-    *out = static_cast<out_t>(project(w));
+    *out = static_cast<out_t>(project_result(ops, w));
     *ticket = 0;  // ready for the next launch on this stream
   }
 }
@@ -170,11 +172,11 @@ int64_t device_reduce_grid(Kernel kernel, int64_t vectors) {
 }
 
 // Reduce n contiguous elements at `in` into out[0]. single_pass: last-block fold; else a second launch.
-template <unsigned BLOCK, typename scalar_t, typename acc_t, typename out_t, typename Op, typename Project>
-void launch_device_reduce(const scalar_t* in, int64_t n, out_t* out, Op op, Project project, bool single_pass,
+template <unsigned BLOCK, typename scalar_t, typename acc_t, typename out_t, typename Ops>
+void launch_device_reduce(const scalar_t* in, int64_t n, out_t* out, Ops ops, bool single_pass,
                           const at::Device& device) {
   const auto stream = at::cuda::getCurrentCUDAStream();
-  auto first = device_reduce_kernel<BLOCK, scalar_t, acc_t, out_t, Op, Project>;
+  auto first = device_reduce_kernel<BLOCK, scalar_t, acc_t, out_t, Ops>;
   const int64_t grid = device_reduce_grid<BLOCK>(first, (n + Vec16<scalar_t>::kSize - 1) / Vec16<scalar_t>::kSize);
   at::Tensor partials;
   acc_t* partial_ptr = nullptr;
@@ -183,13 +185,21 @@ void launch_device_reduce(const scalar_t* in, int64_t n, out_t* out, Op op, Proj
     partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
   }
   unsigned* ticket = (grid > 1 && single_pass) ? ticket_for_current_stream() : nullptr;
-  first<<<grid, BLOCK, 0, stream>>>(in, n, partial_ptr, ticket, out, op, project);
+  first<<<grid, BLOCK, 0, stream>>>(in, n, partial_ptr, ticket, out, ops);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (grid > 1 && !single_pass) {
-    device_reduce_kernel<BLOCK, acc_t, acc_t, out_t, Op, Project>
-        <<<1, BLOCK, 0, stream>>>(partial_ptr, grid, nullptr, nullptr, out, op, project);
+    using Fold = decltype(partials_ops(ops));  // the partials are transformed already
+    device_reduce_kernel<BLOCK, acc_t, acc_t, out_t, Fold>
+        <<<1, BLOCK, 0, stream>>>(partial_ptr, grid, nullptr, nullptr, out, partials_ops(ops));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+}
+
+// The same as the ladder calls it: a combine operator and no final map.
+template <unsigned BLOCK, typename scalar_t, typename acc_t, typename out_t, typename Op>
+void launch_device_reduce(const scalar_t* in, int64_t n, out_t* out, Op op, KeepValue, bool single_pass,
+                          const at::Device& device) {
+  launch_device_reduce<BLOCK, scalar_t, acc_t>(in, n, out, op, single_pass, device);
 }
 
 }  // namespace torch_reduce::cuda

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "common/dispatch.h"
+#include "cuda/arch_check.cuh"
 #include "cuda/block_reduce.cuh"
 #include "cuda/full_reduce.cuh"
 #include "ladder.h"
@@ -115,12 +116,13 @@ at::Tensor ladder_sum_cuda(const at::Tensor& t, int64_t block_size) {
   const char* op = ladder_op_name(kVariant);
   TORCH_CHECK(t.is_cuda(), op, ": expected a CUDA tensor, got one on ", t.device());
   const c10::cuda::CUDAGuard guard(t.device());
+  check_kernel_image_for_current_device();
   const at::Tensor x = ladder_input(t, block_size, op);
   const int64_t n = x.numel();
   const auto out_type = sum_result_type(t.scalar_type());
   if (n == 0) return at::zeros(at::IntArrayRef{}, t.options().dtype(out_type));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const GpuShape gpu = current_gpu_shape();
 
   at::Tensor result;
   TORCH_REDUCE_DISPATCH(t.scalar_type(), "reduce ladder", [&] {
@@ -137,13 +139,13 @@ at::Tensor ladder_sum_cuda(const at::Tensor& t, int64_t block_size) {
       result = out;
     } else {
       // First pass from the input, then the same variant over the partials until one value is left.
-      int64_t grid = ladder_grid(kVariant, n, block_size, sms);
+      int64_t grid = ladder_grid(kVariant, n, block_size, gpu);
       at::Tensor partials = at::empty({grid}, acc_options);
       launch_ladder_pass<scalar_t, acc_t>(kVariant, x.const_data_ptr<scalar_t>(), n, partials.mutable_data_ptr<acc_t>(),
                                           grid, block_size, stream);
       while (partials.numel() > 1) {
         const int64_t len = partials.numel();
-        grid = ladder_grid(kVariant, len, block_size, sms);
+        grid = ladder_grid(kVariant, len, block_size, gpu);
         at::Tensor next = at::empty({grid}, acc_options);
         launch_ladder_pass<acc_t, acc_t>(kVariant, partials.const_data_ptr<acc_t>(), len,
                                          next.mutable_data_ptr<acc_t>(), grid, block_size, stream);

@@ -13,9 +13,17 @@
 #include <tuple>
 #include <utility>
 
+#include "model_gpu.h"
+
 namespace torch_reduce::cuda {
 
 inline int64_t multiprocessors() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+// The current device's launch geometry, from its properties (ATen caches them per device).
+inline GpuShape current_gpu_shape() {
+  const cudaDeviceProp* properties = at::cuda::getCurrentDeviceProperties();
+  return {properties->multiProcessorCount, properties->maxThreadsPerMultiProcessor};
+}
 
 // How many blocks of `kernel` one multiprocessor of the current device holds at once (at least one).
 template <typename Kernel>

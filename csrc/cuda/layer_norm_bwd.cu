@@ -7,9 +7,9 @@
 // Row kernel (16-byte aligned rows): thread t of a row's group owns the same columns in every row it visits
 // (row_layout.cuh), so its column sums stay in registers, two accumulators an element, from the first row to
 // the last. Where a row's x and dy are between the two passes (RowSource):
-//   Held:   in registers (16-bit ones packed), for rows of up to 32 elements a thread (16 in float64);
-//   Reread: wider rows (up to 40 elements a thread): read again in the second pass, from L2 (the block's
-//           row was just read), so that the registers hold the accumulators alone.
+//   Held:   in registers (16-bit ones packed), for rows of up to Tuning::kHeldItems vectors a thread;
+//   Reread: wider rows (up to Tuning::kRereadItems vectors a thread): read again in the second pass, from L2
+//           (the block's row was just read), so that the registers hold the accumulators alone.
 // Measured on the H200 and kept out: staging the next row in shared memory with cp.async while this one is
 // computed (two stages, no register copy of the row) was slower in float32 (65536x4096: 65% of the line
 // against 82%) and no faster in bfloat16 overall: the bfloat16 kernel is bound by its arithmetic and the
@@ -21,9 +21,11 @@
 #include <torch/library.h>
 
 #include "common/dispatch.h"
+#include "cuda/arch_check.cuh"
 #include "common/reduce_ops.h"
 #include "cuda/launch.cuh"
 #include "cuda/row_layout.cuh"
+#include "cuda/tuning.h"
 #include "layernorm.h"
 
 namespace torch_reduce::cuda {
@@ -31,17 +33,6 @@ namespace {
 
 enum class RowSource { Held, Reread };
 
-
-// Row vectors a thread handles, so that its 2 x elements column accumulators (and a Held row's x and dy) fit
-// the 128 registers a thread gets at 512 threads per SM.
-template <typename scalar_t>
-constexpr int kHeldItems = sizeof(scalar_t) == 8 ? 4 : 24 / Vec16<scalar_t>::kSize;     // fp32 6, 16-bit 3
-template <typename scalar_t>
-constexpr int kRereadItems = sizeof(scalar_t) == 8 ? 0 : 40 / Vec16<scalar_t>::kSize;   // fp32 10, 16-bit 5
-constexpr unsigned kBackwardThreads = 512;  // resident threads per SM the row kernel is compiled for
-// The smallest block per row: 128-thread blocks of 4 vectors ran faster than 64-thread blocks of 8
-// (bfloat16 16384x4096 on the H200, an earlier kernel: 251 vs 201 us).
-constexpr unsigned kMinBackwardBlock = 128;
 
 // g = dy * weight rounded on its own: an FMA fusing it into `g - mean_g` would keep the product's rounding
 // error, which rstd then amplifies (a constant row, e.g. hidden = 1, must give exactly zero).
@@ -61,9 +52,9 @@ __device__ __forceinline__ Vec16<scalar_t> load_vector_again(const Vec16<scalar_
   return v;
 }
 
-template <unsigned GROUP, unsigned BLOCK, int ITEMS, RowSource kSource, typename scalar_t, typename param_t,
-          typename acc_t>
-__global__ void __launch_bounds__(BLOCK, kBackwardThreads / BLOCK)
+template <typename Tuning, unsigned GROUP, unsigned BLOCK, int ITEMS, RowSource kSource, typename scalar_t,
+          typename param_t, typename acc_t>
+__global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
     layer_norm_bwd_rows_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
                                const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
                                const param_t* __restrict__ weight, scalar_t* __restrict__ grad_in, int64_t rows,
@@ -241,14 +232,13 @@ __global__ void __launch_bounds__(BLOCK)
 }
 
 // grad_weight and grad_bias from the blocks' partial rows (chunks x 2 * cols, each half element-major over
-// `vectors` vectors a row: vectors == cols for the streaming kernel's column order): a tile of 32 slots per
-// block, kFoldLanes lanes striding over the chunks, the lanes folded in order: the same bits every run.
-constexpr unsigned kFoldTile = 32, kFoldLanes = 32;
-
-template <typename param_t, typename acc_t>
-__global__ void __launch_bounds__(kFoldTile * kFoldLanes)
+// `vectors` vectors a row: vectors == cols for the streaming kernel's column order): a tile of kFoldTile slots
+// per block, kFoldLanes lanes striding over the chunks, the lanes folded in order: the same bits every run.
+template <typename Tuning, typename param_t, typename acc_t>
+__global__ void __launch_bounds__(Tuning::kFoldTile * Tuning::kFoldLanes)
     column_fold_kernel(const acc_t* __restrict__ partials, int64_t chunks, int64_t cols, int64_t vectors,
                        param_t* __restrict__ grad_weight, param_t* __restrict__ grad_bias) {
+  constexpr unsigned kFoldTile = Tuning::kFoldTile, kFoldLanes = Tuning::kFoldLanes;
   const unsigned lane = threadIdx.x % kFoldTile, chunk_lane = threadIdx.x / kFoldTile;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFoldTile + lane;  // slot of 2 * cols
   acc_t s = 0;
@@ -276,6 +266,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
   check_layer_norm_bwd(grad_out, input, mean, rstd, s, op);
   const c10::cuda::CUDAGuard guard(input.device());
+  check_kernel_image_for_current_device();
   const at::Tensor x = input.contiguous(), dy = grad_out.contiguous(), m = mean.contiguous(), rs = rstd.contiguous();
   const at::Tensor w = defined(weight) ? weight->contiguous() : at::Tensor();
   auto [grad_input, grad_weight, grad_bias] = layer_norm_grads(input, weight, bias, output_mask, s);
@@ -288,93 +279,104 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
   const int64_t sms = multiprocessors();
   const auto stat_options = input.options().dtype(stat_scalar_type(input.scalar_type()));
   TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), "reduce::layer_norm_bwd", [&] {
-    with_param_type<scalar_t>(s.param_type, [&](auto param) {
-      using param_t = decltype(param);
-      using acc_t = acc_type<scalar_t>;
-      const scalar_t *xp = x.const_data_ptr<scalar_t>(), *dyp = dy.const_data_ptr<scalar_t>();
-      const param_t* wp = w.defined() ? w.const_data_ptr<param_t>() : nullptr;
-      scalar_t* dxp = grad_input.numel() > 0 ? grad_input.mutable_data_ptr<scalar_t>() : nullptr;
-      const acc_t *mp = m.const_data_ptr<acc_t>(), *rp = rs.const_data_ptr<acc_t>();
-      const bool aligned = aligned16(xp) && aligned16(dyp) && aligned16(wp) && aligned16(dxp);
-      // A resident grid, so each block's partial covers many rows; it depends on the shape and the GPU alone,
-      // so the column sums are the same bits on every run.
-      at::Tensor partials;
-      int64_t grid = 0, partial_vectors = cols;  // the partial rows' layout (see column_fold_kernel)
-      const auto partial_rows = [&](int64_t row_grid, int64_t resident) {
-        grid = std::min(row_grid, resident);
-        if (column_sums) partials = at::empty({grid, 2 * cols}, stat_options);
-        return column_sums ? partials.mutable_data_ptr<acc_t>() : nullptr;
-      };
-      const auto launch_rows = [&](auto group, auto block, auto items, auto source, int64_t row_grid) {
-        constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
-        const auto kernel = layer_norm_bwd_rows_kernel<kGroup, kBlock, decltype(items)::value,
-                                                       decltype(source)::value, scalar_t, param_t, acc_t>;
-        // Warp rows meet in shared memory at the end: four groups' columns (at most 24 KiB).
-        const size_t shared_bytes = kBlock == kGroup ? 0 : (kBlock / kGroup) * 2 * cols * sizeof(acc_t);
-        acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
-        partial_vectors = cols / Vec16<scalar_t>::kSize;
-        kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, dxp, rows, cols, partial_ptr);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      };
-      using Held = std::integral_constant<RowSource, RowSource::Held>;
-      using Reread = std::integral_constant<RowSource, RowSource::Reread>;
-      constexpr int64_t kSize = Vec16<scalar_t>::kSize;
-      const int64_t vectors = cols / kSize;
-      bool launched = false;
-      if (aligned && cols % kSize == 0) {
-        using Items = std::integral_constant<int, kHeldItems<scalar_t>>;
-        if (vectors <= int64_t{kMaxRowBlock} * Items::value) {
-          with_row_layout<scalar_t, Items::value, kMinBackwardBlock>(
-              rows, cols, true, sms * kBackwardThreads, [&](auto group, auto block, auto, int64_t row_grid) {
-                launch_rows(group, block, Items(), Held(), row_grid);
-              });
-          launched = true;
-        }
-        if constexpr (kRereadItems<scalar_t> > 0) {
-          using Block = std::integral_constant<unsigned, kMaxRowBlock>;
-          using Wide = std::integral_constant<int, kRereadItems<scalar_t>>;
-          if (!launched && vectors <= int64_t{kMaxRowBlock} * Wide::value) {
-            TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
-            launch_rows(Block(), Block(), Wide(), Reread(), rows);
-            launched = true;
-          }
-        }
-      }
-      if (!launched) {
-        const int64_t warp_rows = int64_t{kWarpSize} * kHeldItems<scalar_t> * kSize;
-        const auto launch = [&](auto group, auto block, int64_t row_grid) {
+    with_tuning([&](auto tuning) {
+      using Tuning = decltype(tuning);
+      // The tuning's numbers under their kernel-side names.
+      constexpr unsigned kWarpRowsBlock = Tuning::kWarpRowsBlock, kMaxRowBlock = Tuning::kMaxRowBlock;
+      constexpr unsigned kStreamingBlock = Tuning::kStreamingBlock;
+      constexpr unsigned kFoldTile = Tuning::kFoldTile, kFoldLanes = Tuning::kFoldLanes;
+      constexpr int kHeldItems = Tuning::template kHeldItems<scalar_t>;
+      constexpr int kRereadItems = Tuning::template kRereadItems<scalar_t>;
+      with_param_type<scalar_t>(s.param_type, [&](auto param) {
+        using param_t = decltype(param);
+        using acc_t = acc_type<scalar_t>;
+        const scalar_t *xp = x.const_data_ptr<scalar_t>(), *dyp = dy.const_data_ptr<scalar_t>();
+        const param_t* wp = w.defined() ? w.const_data_ptr<param_t>() : nullptr;
+        scalar_t* dxp = grad_input.numel() > 0 ? grad_input.mutable_data_ptr<scalar_t>() : nullptr;
+        const acc_t *mp = m.const_data_ptr<acc_t>(), *rp = rs.const_data_ptr<acc_t>();
+        const bool aligned = aligned16(xp) && aligned16(dyp) && aligned16(wp) && aligned16(dxp);
+        // A resident grid, so each block's partial covers many rows; it depends on the shape and the GPU alone,
+        // so the column sums are the same bits on every run.
+        at::Tensor partials;
+        int64_t grid = 0, partial_vectors = cols;  // the partial rows' layout (see column_fold_kernel)
+        const auto partial_rows = [&](int64_t row_grid, int64_t resident) {
+          grid = std::min(row_grid, resident);
+          if (column_sums) partials = at::empty({grid, 2 * cols}, stat_options);
+          return column_sums ? partials.mutable_data_ptr<acc_t>() : nullptr;
+        };
+        const auto launch_rows = [&](auto group, auto block, auto items, auto source, int64_t row_grid) {
           constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
-          const auto kernel = layer_norm_bwd_streaming_kernel<kGroup, kBlock, scalar_t, param_t, acc_t>;
-          // The column accumulators live in shared memory when two blocks' worth fit on an SM.
-          const int64_t column_bytes = column_sums ? 2 * (kBlock / kGroup) * cols * int64_t{sizeof(acc_t)} : 0;
-          const bool in_shared = column_bytes <= static_cast<int64_t>(allow_max_dynamic_shared(kernel) / 2);
-          const size_t shared_bytes = in_shared ? static_cast<size_t>(column_bytes) : 0;
+          const auto kernel = layer_norm_bwd_rows_kernel<Tuning, kGroup, kBlock, decltype(items)::value,
+                                                         decltype(source)::value, scalar_t, param_t, acc_t>;
+          // Warp rows meet in shared memory at the end: four groups' columns (at most 24 KiB).
+          const size_t shared_bytes = kBlock == kGroup ? 0 : (kBlock / kGroup) * 2 * cols * sizeof(acc_t);
           acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
-          at::Tensor scratch;
-          if (!in_shared && column_sums) scratch = at::empty({grid, column_bytes / int64_t{sizeof(acc_t)}}, stat_options);
-          kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, dxp, rows, cols,
-                                                         scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr,
-                                                         partial_ptr);
+          partial_vectors = cols / Vec16<scalar_t>::kSize;
+          kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, dxp, rows, cols, partial_ptr);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         };
-        TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
-        if (cols <= warp_rows) {
-          launch(std::integral_constant<unsigned, kWarpSize>(), std::integral_constant<unsigned, kWarpRowsBlock>(),
-                 (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize));
-        } else {
-          launch(std::integral_constant<unsigned, kStreamingBlock>(),
-                 std::integral_constant<unsigned, kStreamingBlock>(), rows);
+        using Held = std::integral_constant<RowSource, RowSource::Held>;
+        using Reread = std::integral_constant<RowSource, RowSource::Reread>;
+        constexpr int64_t kSize = Vec16<scalar_t>::kSize;
+        const int64_t vectors = cols / kSize;
+        bool launched = false;
+        if (aligned && cols % kSize == 0) {
+          using Items = std::integral_constant<int, kHeldItems>;
+          if (vectors <= int64_t{kMaxRowBlock} * Items::value) {
+            with_row_layout<Tuning, scalar_t, Items::value, Tuning::kMinBackwardBlock>(
+                rows, cols, true, sms * Tuning::kBackwardThreads, [&](auto group, auto block, auto, int64_t row_grid) {
+                  launch_rows(group, block, Items(), Held(), row_grid);
+                });
+            launched = true;
+          }
+          if constexpr (kRereadItems > 0) {
+            using Block = std::integral_constant<unsigned, kMaxRowBlock>;
+            using Wide = std::integral_constant<int, kRereadItems>;
+            if (!launched && vectors <= int64_t{kMaxRowBlock} * Wide::value) {
+              TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
+              launch_rows(Block(), Block(), Wide(), Reread(), rows);
+              launched = true;
+            }
+          }
         }
-      }
-      if (column_sums) {
-        const int64_t tiles = (2 * cols + kFoldTile - 1) / kFoldTile;
-        TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), op, ": normalized size too large: ", cols);
-        column_fold_kernel<param_t, acc_t><<<tiles, kFoldTile * kFoldLanes, 0, stream>>>(
-            partials.const_data_ptr<acc_t>(), grid, cols, partial_vectors,
-            grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<param_t>() : nullptr,
-            grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<param_t>() : nullptr);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
+        if (!launched) {
+          const int64_t warp_rows = int64_t{kWarpSize} * kHeldItems * kSize;
+          const auto launch = [&](auto group, auto block, int64_t row_grid) {
+            constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
+            const auto kernel = layer_norm_bwd_streaming_kernel<kGroup, kBlock, scalar_t, param_t, acc_t>;
+            // The column accumulators live in shared memory when two blocks' worth fit on an SM.
+            const int64_t column_bytes = column_sums ? 2 * (kBlock / kGroup) * cols * int64_t{sizeof(acc_t)} : 0;
+            const bool in_shared = column_bytes <= static_cast<int64_t>(allow_max_dynamic_shared(kernel) / 2);
+            const size_t shared_bytes = in_shared ? static_cast<size_t>(column_bytes) : 0;
+            acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
+            at::Tensor scratch;
+            if (!in_shared && column_sums) {
+              scratch = at::empty({grid, column_bytes / int64_t{sizeof(acc_t)}}, stat_options);
+            }
+            acc_t* scratch_ptr = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
+            kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, dxp, rows, cols, scratch_ptr,
+                                                           partial_ptr);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
+          if (cols <= warp_rows) {
+            launch(std::integral_constant<unsigned, kWarpSize>(), std::integral_constant<unsigned, kWarpRowsBlock>(),
+                   (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize));
+          } else {
+            launch(std::integral_constant<unsigned, kStreamingBlock>(),
+                   std::integral_constant<unsigned, kStreamingBlock>(), rows);
+          }
+        }
+        if (column_sums) {
+          const int64_t tiles = (2 * cols + kFoldTile - 1) / kFoldTile;
+          TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), op, ": normalized size too large: ", cols);
+          column_fold_kernel<Tuning, param_t, acc_t><<<tiles, kFoldTile * kFoldLanes, 0, stream>>>(
+              partials.const_data_ptr<acc_t>(), grid, cols, partial_vectors,
+              grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<param_t>() : nullptr,
+              grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<param_t>() : nullptr);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        }
+      });
     });
   });
   return {grad_input, grad_weight, grad_bias};

@@ -8,9 +8,11 @@
 #include <torch/library.h>
 
 #include "common/dispatch.h"
+#include "cuda/arch_check.cuh"
 #include "common/reduce_ops.h"
 #include "cuda/launch.cuh"
 #include "cuda/row_layout.cuh"
+#include "cuda/tuning.h"
 #include "layernorm.h"
 
 namespace torch_reduce::cuda {
@@ -25,8 +27,9 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t v) {
   }
 }
 
-template <unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename param_t, typename acc_t>
-__global__ void __launch_bounds__(BLOCK, kOneTensorThreads / BLOCK)
+template <typename Tuning, unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename param_t,
+          typename acc_t>
+__global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
     layer_norm_fwd_kernel(const scalar_t* __restrict__ in, const param_t* __restrict__ weight,
                           const param_t* __restrict__ bias, scalar_t* __restrict__ out, acc_t* __restrict__ mean_out,
                           acc_t* __restrict__ rstd_out, int64_t rows, int64_t cols, acc_t eps) {
@@ -34,6 +37,7 @@ __global__ void __launch_bounds__(BLOCK, kOneTensorThreads / BLOCK)
   if (row >= rows) return;
   const unsigned t = threadIdx.x % GROUP;
   const scalar_t* x = in + row * cols;
+  constexpr int kItems = Tuning::kItems;
   RowRegisters<scalar_t, kItems> regs;
   const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(thread_stats<GROUP, kInRegisters, acc_t>(x, cols, t, regs),
                                                          WelfordOp<acc_t>());
@@ -83,6 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
   check_eps(eps, op);
   const c10::cuda::CUDAGuard guard(input.device());
+  check_kernel_image_for_current_device();
   const at::Tensor x = input.contiguous();
   const at::Tensor w = defined(weight) ? weight->contiguous() : at::Tensor();
   const at::Tensor b = defined(bias) ? bias->contiguous() : at::Tensor();
@@ -100,13 +105,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
       const param_t* bp = b.defined() ? b.const_data_ptr<param_t>() : nullptr;
       scalar_t* yp = out.mutable_data_ptr<scalar_t>();
       const bool aligned = aligned16(xp) && aligned16(wp) && aligned16(bp) && aligned16(yp);
-      with_row_layout<scalar_t, kItems, kMinRowBlock>(s.rows, s.cols, aligned, multiprocessors() * kOneTensorThreads,
-                                                      [&](auto group, auto block, auto in_registers, int64_t grid) {
-        layer_norm_fwd_kernel<decltype(group)::value, decltype(block)::value, decltype(in_registers)::value, scalar_t,
-                              param_t, acc_t><<<grid, decltype(block)::value, 0, stream>>>(
-            xp, wp, bp, yp, mean.mutable_data_ptr<acc_t>(), rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols,
-            static_cast<acc_t>(eps));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      with_tuning([&](auto tuning) {
+        using Tuning = decltype(tuning);
+        with_row_layout<Tuning, scalar_t, Tuning::kItems, Tuning::kMinRowBlock>(
+            s.rows, s.cols, aligned, multiprocessors() * Tuning::kOneTensorThreads,
+            [&](auto group, auto block, auto in_registers, int64_t grid) {
+          layer_norm_fwd_kernel<Tuning, decltype(group)::value, decltype(block)::value, decltype(in_registers)::value,
+                                scalar_t, param_t, acc_t><<<grid, decltype(block)::value, 0, stream>>>(
+              xp, wp, bp, yp, mean.mutable_data_ptr<acc_t>(), rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols,
+              static_cast<acc_t>(eps));
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
       });
     });
   });

@@ -15,19 +15,9 @@
 #include "common/reduce_ops.h"
 #include "cuda/block_reduce.cuh"
 #include "cuda/full_reduce.cuh"
+#include "cuda/tuning.h"
 
 namespace torch_reduce::cuda {
-
-// 16-byte vectors a thread of the one-tensor kernels (var_mean, LayerNorm forward) keeps per row: 128 bytes
-// whatever the dtype, so a bfloat16 row keeps as many bytes in flight per thread as a float32 one. 16-bit
-// elements stay packed between passes (repack), so they cost the registers float32 elements do.
-constexpr int kItems = 8;
-constexpr unsigned kWarpRowsBlock = 128;   // warp-per-row kernels: four rows per block
-constexpr unsigned kMinRowBlock = 64, kMaxRowBlock = 512;
-constexpr int64_t kSpreadMinBlock = 128;  // see with_row_layout
-constexpr unsigned kStreamingBlock = 512;  // rows that stream through thread_reduce
-// Resident threads per SM the one-tensor kernels are compiled for (their register budget, 64 a thread).
-constexpr unsigned kOneTensorThreads = 1024;
 
 template <typename scalar_t>
 __device__ __forceinline__ void store_vector(Vec16<scalar_t>* p, const Vec16<scalar_t>& v) {
@@ -108,9 +98,9 @@ __device__ __forceinline__ void load_row(RowRegisters<scalar_t, ITEMS>& regs, co
 // streamed through thread_reduce with the Welford op. The first pass sums x - x0 (x0: the thread's first
 // element), not x: a float32 sum of a few values near 3e38 overflows to inf (then NaN statistics), and a
 // shifted sum keeps a constant row's mean exact, so its variance is exactly 0 (as torch's Welford gives).
-template <unsigned GROUP, bool kInRegisters, typename acc_t, typename scalar_t>
+template <unsigned GROUP, bool kInRegisters, typename acc_t, typename scalar_t, int ITEMS>
 __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int64_t cols, unsigned t,
-                                                       RowRegisters<scalar_t, kItems>& regs) {
+                                                       RowRegisters<scalar_t, ITEMS>& regs) {
   if constexpr (kInRegisters) {
     constexpr int kSize = Vec16<scalar_t>::kSize;
     const int64_t vectors = cols / kSize;
@@ -120,7 +110,7 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
     acc_t shifted = 0;
     int count = 0;
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
+    for (int k = 0; k < ITEMS; ++k) {
       if (t + static_cast<int64_t>(k) * GROUP < vectors) {
 #pragma unroll
         for (int e = 0; e < kSize; ++e) shifted += static_cast<acc_t>(regs.v[k].value[e]) - x0;
@@ -131,7 +121,7 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
     repack(regs);
     acc_t m2 = 0;
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
+    for (int k = 0; k < ITEMS; ++k) {
       if (t + static_cast<int64_t>(k) * GROUP < vectors) {
 #pragma unroll
         for (int e = 0; e < kSize; ++e) {
@@ -153,14 +143,15 @@ inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<u
 // aligned: every pointer the kernel reads or writes with vectors is 16-byte aligned. resident_threads: how
 // many threads of the kernel the GPU holds at once. A thread takes as few vectors as keep that many threads
 // busy (ITEMS when the rows fill the GPU), so that few rows spread over more threads and more of their
-// loads are in flight at once, where that makes blocks of kSpreadMinBlock threads or more. A row's group is
-// a warp where 32 threads hold it, else the smallest power-of-two block in [MIN_BLOCK, kMaxRowBlock] that
-// does. Rows that are not aligned or do not fit stream (in_registers false).
-template <typename scalar_t, int ITEMS, unsigned MIN_BLOCK, typename F>
+// loads are in flight at once, where that makes blocks of Tuning::kSpreadMinBlock threads or more. A row's
+// group is a warp where 32 threads hold it, else the smallest power-of-two block in [MIN_BLOCK,
+// Tuning::kMaxRowBlock] that does. Rows that are not aligned or do not fit stream (in_registers false).
+template <typename Tuning, typename scalar_t, int ITEMS, unsigned MIN_BLOCK, typename F>
 void with_row_layout(int64_t rows, int64_t cols, bool aligned, int64_t resident_threads, F&& launch) {
+  constexpr unsigned kWarpRowsBlock = Tuning::kWarpRowsBlock, kMaxRowBlock = Tuning::kMaxRowBlock;
   using Warp = std::integral_constant<unsigned, kWarpSize>;
   using WarpBlock = std::integral_constant<unsigned, kWarpRowsBlock>;
-  using Streaming = std::integral_constant<unsigned, kStreamingBlock>;
+  using Streaming = std::integral_constant<unsigned, Tuning::kStreamingBlock>;
   constexpr int64_t kSize = Vec16<scalar_t>::kSize, kWarpRowElements = int64_t{kWarpSize} * ITEMS * kSize;
   TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many rows for one launch: ", rows);
   const int64_t warp_grid = (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize);
@@ -170,10 +161,7 @@ void with_row_layout(int64_t rows, int64_t cols, bool aligned, int64_t resident_
     const int64_t fewest = std::max<int64_t>(1, (vectors + kMaxRowBlock - 1) / kMaxRowBlock);
     const int64_t per_thread = std::clamp<int64_t>(busy, fewest, ITEMS);
     int64_t threads_needed = (vectors + per_thread - 1) / per_thread;
-    // H200, LayerNorm forward, graph replay: 128-thread blocks of about two vectors a thread beat warps of
-    // seven (bfloat16 1024x1600: 5.8 vs 6.5 us; float32 1024x1024: 4.9 vs 5.4 us), but 64-thread blocks
-    // lost to warps of three or four (bfloat16 2048x768..1600: 6-9% slower).
-    if (threads_needed <= kSpreadMinBlock / 2) threads_needed = (vectors + ITEMS - 1) / ITEMS;
+    if (threads_needed <= Tuning::kSpreadMinBlock / 2) threads_needed = (vectors + ITEMS - 1) / ITEMS;
     if (threads_needed <= kWarpSize) return launch(Warp(), WarpBlock(), std::true_type(), warp_grid);
     return with_power_of_two<MIN_BLOCK, kMaxRowBlock>(threads_needed, [&](auto block) {
       launch(block, block, std::true_type(), rows);

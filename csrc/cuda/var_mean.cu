@@ -7,22 +7,24 @@
 #include <torch/library.h>
 
 #include "common/dispatch.h"
+#include "cuda/arch_check.cuh"
 #include "common/reduce_ops.h"
 #include "cuda/launch.cuh"
 #include "cuda/row_layout.cuh"
+#include "cuda/tuning.h"
 #include "layernorm.h"
 
 namespace torch_reduce::cuda {
 namespace {
 
-template <unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename acc_t>
-__global__ void __launch_bounds__(BLOCK, kOneTensorThreads / BLOCK)
+template <typename Tuning, unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename acc_t>
+__global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
     var_mean_rows_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t cols, acc_t divisor,
                          scalar_t* __restrict__ var, scalar_t* __restrict__ mean) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
   if (row >= rows) return;  // whole warps only: a block-wide group always has its row
   const unsigned t = threadIdx.x % GROUP;
-  RowRegisters<scalar_t, kItems> regs;
+  RowRegisters<scalar_t, Tuning::kItems> regs;
   const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(
       thread_stats<GROUP, kInRegisters, acc_t>(in + row * cols, cols, t, regs), WelfordOp<acc_t>());
   if (t == 0) {
@@ -60,14 +62,12 @@ __global__ void __launch_bounds__(BLOCK)
   }
 }
 
-constexpr unsigned kChunkBlock = 512;
-constexpr int64_t kMinChunk = 1 << 16;  // elements per block at least, so a block streams long enough
-
 std::tuple<at::Tensor, at::Tensor> var_mean_cuda(const at::Tensor& input, at::OptionalIntArrayRef dim,
                                                  const std::optional<at::Scalar>& correction, bool keepdim) {
   const char* op = "reduce::var_mean";
   TORCH_CHECK(input.is_cuda(), op, ": expected every tensor on one CUDA device, got the input on ", input.device());
   const c10::cuda::CUDAGuard guard(input.device());
+  check_kernel_image_for_current_device();
   VarMeanProblem p = var_mean_problem(input, dim, correction, keepdim, op);
   const int64_t rows = p.rows.size(0), cols = p.inner;
   if (rows == 0) return {p.var, p.mean};
@@ -80,27 +80,35 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cuda(const at::Tensor& input, at::Op
     scalar_t* var = p.var.mutable_data_ptr<scalar_t>();
     scalar_t* mean = p.mean.mutable_data_ptr<scalar_t>();
     const auto divisor = static_cast<acc_t>(p.divisor);
-    if (rows < sms && cols >= 2 * kMinChunk) {
-      // Too few rows to fill the GPU: split each over blocks.
-      const int64_t chunks_wanted = (4 * sms + rows - 1) / rows;
-      const int64_t chunk_len = std::max(kMinChunk, ((cols + chunks_wanted - 1) / chunks_wanted + 255) / 256 * 256);
-      const int64_t chunks = (cols + chunk_len - 1) / chunk_len;
-      at::Tensor partials = at::empty({rows * chunks * static_cast<int64_t>(sizeof(Welford<acc_t>))},
-                                      input.options().dtype(at::kByte));
-      auto* partial_ptr = reinterpret_cast<Welford<acc_t>*>(partials.mutable_data_ptr());
-      var_mean_chunks_kernel<kChunkBlock, scalar_t, acc_t>
-          <<<dim3(chunks, rows), kChunkBlock, 0, stream>>>(in, cols, chunk_len, partial_ptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      var_mean_fold_kernel<kChunkBlock, scalar_t, acc_t>
-          <<<rows, kChunkBlock, 0, stream>>>(partial_ptr, chunks, divisor, var, mean);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
-    }
-    with_row_layout<scalar_t, kItems, kMinRowBlock>(rows, cols, aligned16(in), sms * kOneTensorThreads,
-                                                    [&](auto group, auto block, auto in_registers, int64_t grid) {
-      var_mean_rows_kernel<decltype(group)::value, decltype(block)::value, decltype(in_registers)::value, scalar_t,
-                           acc_t><<<grid, decltype(block)::value, 0, stream>>>(in, rows, cols, divisor, var, mean);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    with_tuning([&](auto tuning) {
+      using Tuning = decltype(tuning);
+      constexpr unsigned kChunkBlock = Tuning::kChunkBlock;
+      constexpr int64_t kMinChunk = Tuning::kMinChunk, kAlignment = Tuning::kChunkAlignment;
+      if (rows < sms && cols >= 2 * kMinChunk) {
+        // Too few rows to fill the GPU: split each over blocks.
+        const int64_t chunks_wanted = (Tuning::kChunksPerMultiprocessor * sms + rows - 1) / rows;
+        const int64_t spread = ((cols + chunks_wanted - 1) / chunks_wanted + kAlignment - 1) / kAlignment * kAlignment;
+        const int64_t chunk_len = std::max(kMinChunk, spread);
+        const int64_t chunks = (cols + chunk_len - 1) / chunk_len;
+        at::Tensor partials = at::empty({rows * chunks * static_cast<int64_t>(sizeof(Welford<acc_t>))},
+                                        input.options().dtype(at::kByte));
+        auto* partial_ptr = reinterpret_cast<Welford<acc_t>*>(partials.mutable_data_ptr());
+        var_mean_chunks_kernel<kChunkBlock, scalar_t, acc_t>
+            <<<dim3(chunks, rows), kChunkBlock, 0, stream>>>(in, cols, chunk_len, partial_ptr);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        var_mean_fold_kernel<kChunkBlock, scalar_t, acc_t>
+            <<<rows, kChunkBlock, 0, stream>>>(partial_ptr, chunks, divisor, var, mean);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        return;
+      }
+      with_row_layout<Tuning, scalar_t, Tuning::kItems, Tuning::kMinRowBlock>(
+          rows, cols, aligned16(in), sms * Tuning::kOneTensorThreads,
+          [&](auto group, auto block, auto in_registers, int64_t grid) {
+        var_mean_rows_kernel<Tuning, decltype(group)::value, decltype(block)::value, decltype(in_registers)::value,
+                             scalar_t, acc_t><<<grid, decltype(block)::value, 0, stream>>>(in, rows, cols, divisor, var,
+                                                                                           mean);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     });
   });
   return {p.var, p.mean};

@@ -69,7 +69,8 @@ def plan(variants=VARIANTS, block_sizes=BLOCK_SIZES, grids=GRIDS) -> list[Call]:
     """The op calls of the profiling run, in the order they are made: variant, then block size, then grid.
 
     n = grid * block_size * loads_per_thread makes the first pass exactly ``grid`` blocks (for sum_multi too:
-    its cap, multiprocessors * 2048 / block_size, is above 64 on any GPU with 16 multiprocessors or more).
+    its cap, multiprocessors * threads per multiprocessor / block_size, is 64 or more for block sizes up to 512 on
+    any GPU with 16 multiprocessors of 2048 threads, or 22 of 1536).
     """
     calls = []
     for variant in variants:

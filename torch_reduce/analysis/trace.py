@@ -38,12 +38,10 @@ from typing import Mapping
 import numpy as np
 
 from . import banks
+from .model_gpu import MODEL_GPU, GpuShape
 
 WARP = banks.WARP_SIZE
 GUARDS = ("predicated", "branch")
-# ladder.h: REDUCE-6's grid is what an H200 (132 multiprocessors of 2048 threads) holds at once.
-MODEL_MULTIPROCESSORS = 132
-THREADS_PER_MULTIPROCESSOR = 2048
 
 
 @dataclass(frozen=True)
@@ -330,11 +328,13 @@ def format_trace(block_trace: BlockTrace) -> str:
 
 # ---------------------------------------------------------------------------------- the numbers ----
 
-def ladder_grid(variant: Kernel, n: int, block_size: int, multiprocessors: int = MODEL_MULTIPROCESSORS) -> int:
-    """Blocks of one pass over n values (ladder.h: ladder_grid)."""
+def ladder_grid(variant: Kernel, n: int, block_size: int, multiprocessors: int = MODEL_GPU.multiprocessors,
+                threads_per_multiprocessor: int = MODEL_GPU.threads_per_multiprocessor) -> int:
+    """Blocks of one pass over n values (ladder.h: ladder_grid): REDUCE-6's is what the multiprocessors hold at
+    once."""
     wanted = -(-n // (block_size * variant.loads_per_thread))
     if variant.load == "grid_stride":
-        return min(wanted, multiprocessors * (THREADS_PER_MULTIPROCESSOR // block_size))
+        return min(wanted, multiprocessors * (threads_per_multiprocessor // block_size))
     return wanted
 
 
@@ -364,9 +364,9 @@ def _run_tree(sdata: np.ndarray, steps: list[TreeStep]) -> None:
         sdata[:, dst] = sdata[:, dst] + sdata[:, src]  # a step's slots are disjoint: all reads precede writes
 
 
-def _ladder_pass(variant: Kernel, values: np.ndarray, block_size: int, multiprocessors: int) -> np.ndarray:
+def _ladder_pass(variant: Kernel, values: np.ndarray, block_size: int, gpu: GpuShape) -> np.ndarray:
     """One launch: each block's partial (ladder.cu: ladder_pass_kernel)."""
-    grid = ladder_grid(variant, values.size, block_size, multiprocessors)
+    grid = ladder_grid(variant, values.size, block_size, gpu.multiprocessors, gpu.threads_per_multiprocessor)
     sdata = _thread_values(variant, values, block_size, grid)
     _run_tree(sdata, tree_steps(variant.tree, block_size))
     if variant.tree != "last_warp_shuffled":
@@ -384,11 +384,11 @@ def replay_sum(
     values: np.ndarray,
     block_size: int = 256,
     *,
-    multiprocessors: int = MODEL_MULTIPROCESSORS,
+    gpu: GpuShape = MODEL_GPU,
 ) -> np.float32:
     """The float32 sum ``torch.ops.reduce.<variant_name>`` computes: first pass over ``values`` (in memory
-    order), then the same variant over the partials until one is left. ``multiprocessors`` only sets
-    REDUCE-6's grid; the CPU op models an H200 (132)."""
+    order), then the same variant over the partials until one is left. ``gpu`` only sets REDUCE-6's grid;
+    the CPU op replays MODEL_GPU."""
     variant = kernel(variant_name)
     check_block_size(block_size)
     values = np.asarray(values)
@@ -397,9 +397,9 @@ def replay_sum(
     partials = values.ravel()
     if partials.size == 0:
         return np.float32(0)
-    partials = _ladder_pass(variant, partials, block_size, multiprocessors)
+    partials = _ladder_pass(variant, partials, block_size, gpu)
     while partials.size > 1:
-        partials = _ladder_pass(variant, partials, block_size, multiprocessors)
+        partials = _ladder_pass(variant, partials, block_size, gpu)
     return partials[0]
 
 

@@ -30,9 +30,8 @@ def cpu_smoke() -> str:
     for v in LADDER:
         got = v.op(x).item()
         lines.append(f"{v.name:<20} {got:>16.6f} {abs(got - ref) / abs(ref):>12.2e}")
-    got = torch_reduce.sum(x).item() if hasattr(torch_reduce, "sum") else None
-    if got is not None:
-        lines.append(f"{'torch_reduce.sum':<20} {got:>16.6f} {abs(got - ref) / abs(ref):>12.2e}")
+    got = torch_reduce.sum(x).item()
+    lines.append(f"{'torch_reduce.sum':<20} {got:>16.6f} {abs(got - ref) / abs(ref):>12.2e}")
     return "\n".join(lines)
 
 
@@ -47,6 +46,7 @@ def main(argv=None) -> int:
         print(cpu_smoke())
         return 0
     ctx = Context(quick=args.quick, out_dir=args.out or Path("benchmarks") / "results" / gpu_slug())
+    print(ctx.line.describe(), flush=True)
     for name in [s for s in args.sections.split(",") if s]:
         if name not in SECTIONS:
             parser.error(f"unknown section {name!r}; choose from {SECTIONS}")

@@ -230,7 +230,8 @@ def run(ctx: Context) -> str:
     per_size = 3 if cub is not None else 2
     measurements = per_size * len(exponents) + 2 * graph_sizes + 2 * len(DTYPE_TARGETS) + 4 * len(shapes) + 6 + 2
     section = Section(ctx, cub, measurements)
-    header = [f"## Drop-in reductions (line: {ctx.line_gbps:.0f} GB/s" + (", quick)" if quick else ")"), ""]
+    header = [f"## Drop-in reductions (line: {ctx.line_gbps:.0f} GB/s" + (", quick)" if quick else ")"), "",
+              f"{ctx.line.describe()}.", ""]
     if cub is None:
         header += ["CuPy is not installed: the CUB column is left out.", ""]
     series = section.full_sum(exponents)

@@ -1,7 +1,7 @@
 """The ladder table: every variant and torch.sum (and CUB through CuPy) on float32, n = 2^10 .. 2^30.
 
-In the style of Harris's "Optimizing Parallel Reduction in CUDA": time, bandwidth, % of the measured
-line, step speedup (over the variant before) and cumulative speedup (over REDUCE-0), and the ratio to
+In the style of Harris's "Optimizing Parallel Reduction in CUDA": time, bandwidth, % of the line measured in
+the same run (context.Line), step speedup (over the variant before) and cumulative speedup (over REDUCE-0), and the ratio to
 torch.sum timed in the same run.
 """
 from __future__ import annotations
@@ -130,6 +130,6 @@ def run(ctx: Context) -> str:
     plot(records, ctx.out_dir / "ladder.png")
     tables = [table(records, n) for n in TABLE_SIZES if n in sizes]
     tables += [table(records, n, "graph") for n in (2**10, 2**20) if n in sizes]
-    text = "\n\n".join(tables)
+    text = "\n\n".join([f"% of line: {ctx.line.describe()}.", *tables])
     ctx.write_text("ladder.md", text + "\n")
     return text

@@ -443,7 +443,7 @@ def report(ctx: Context, records: list[dict], liger_version: str) -> str:
     """layernorm.md and the plots from the records; returns the Markdown."""
     lines = ["## LayerNorm and var_mean (torch vs torch_reduce vs Liger-Kernel)", "",
              f"Bytes: var_mean 1x, LayerNorm fwd 2x, bwd 3x, fwd + bwd 5x N x element size (weight, bias and "
-             f"their gradients are O(hidden) and left out). Line: {ctx.line_gbps:.0f} GB/s. Graph: CUDA-graph "
+             f"their gradients are O(hidden) and left out). {ctx.line.describe()}. Graph: CUDA-graph "
              f"replay (GPU time alone), {GRAPH_REPLAYS} replays; eager: CUDA events around one call (host overhead "
              f"included). Liger-Kernel: {liger_version}. \"vs\": their time / ours; ours % line from graph replay.",
              "", "### Summary", "", *summary(records), "", "### All shapes", "", *table(records)]

@@ -16,7 +16,19 @@ from typing import Callable, Sequence
 
 import torch
 
-L2_ROTATION_BYTES = 4 * 64 * 2**20  # four times the H200's 60 MiB L2 (rounded up)
+L2_FALLBACK_BYTES = 60 * 2**20  # the H200's, where torch's device properties do not give the L2 size
+
+
+def l2_bytes() -> int:
+    """The current GPU's L2 size, from its properties."""
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return getattr(properties, "L2_cache_size", 0) or L2_FALLBACK_BYTES
+
+
+def l2_rotation_bytes() -> int:
+    """Input bytes a rotation cycles through: four times the L2 rounded up to a power of two (256 MiB for the
+    H200's 60 MiB)."""
+    return 4 * 2 ** math.ceil(math.log2(l2_bytes()))
 
 
 @dataclass
@@ -27,7 +39,7 @@ class Timing:
 
 def rotation(make: Callable[[], torch.Tensor], tensor_bytes: int, min_count: int = 2) -> list[torch.Tensor]:
     """Enough distinct inputs that cycling through them streams more than the L2 holds."""
-    count = max(min_count, math.ceil(L2_ROTATION_BYTES / max(tensor_bytes, 1)))
+    count = max(min_count, math.ceil(l2_rotation_bytes() / max(tensor_bytes, 1)))
     return [make() for _ in range(min(count, 64))]
 
 
@@ -35,7 +47,8 @@ def pool_rotation(pool: torch.Tensor, shape: Sequence[int], min_count: int = 2) 
     """Views at distinct, 256-byte-aligned offsets of one big random pool (cheap for tiny tensors)."""
     numel = math.prod(shape)
     stride = -(-max(numel, 1) * pool.element_size() // 256) * 256 // pool.element_size()
-    count = min(pool.numel() // max(stride, 1), max(min_count, math.ceil(L2_ROTATION_BYTES / max(numel * pool.element_size(), 1))))
+    wanted = math.ceil(l2_rotation_bytes() / max(numel * pool.element_size(), 1))
+    count = min(pool.numel() // max(stride, 1), max(min_count, wanted))
     if count < min_count:
         raise ValueError(f"pool of {pool.numel()} elements too small for {min_count} inputs of {numel}")
     return [pool[i * stride: i * stride + numel].view(shape) for i in range(min(count, 4096))]

@@ -1,0 +1,112 @@
+#pragma once
+// Every tuned number of the CUDA kernels, per GPU architecture, in the manner of CUB's per-architecture
+// policies: block sizes, vectors a thread holds, the thresholds between kernels and the grid rules. One struct
+// per architecture; its members are compile-time constants, since the kernels take them as template parameters
+// and launch bounds. The host picks the current device's struct at run time (with_tuning) and instantiates
+// the kernels with it, so tuning a new GPU generation is one struct here.
+//
+// Facts of the device are not tuning and are not written here: the SM count, threads and shared memory per SM
+// or block, and the L2 size are read from the device properties at run time (launch.cuh).
+#include <ATen/cuda/CUDAContext.h>
+
+#include <cstdint>
+
+namespace torch_reduce::cuda {
+
+// Hopper (sm_90): tuned on an H200 (132 SMs). A number a measurement chose says which; the others are the
+// design's (a register budget, a vector width), not a measurement's.
+struct HopperTuning {
+  // ---- Whole-tensor reductions (full_reduce.cuh) --------------------------------------------------------
+  static constexpr int kUnroll = 4;  // 16-byte loads in flight per thread and iteration
+
+  // ---- Dimension reductions (dim_reduce.cu) -------------------------------------------------------------
+  static constexpr unsigned kDimBlock = 256;  // every row and column kernel
+  // Rows up to this many 16-byte vectors get 1..32 lanes (at most 8 vectors a lane); longer rows a block each.
+  static constexpr int64_t kMaxGroupRowVectors = 32 * 8;
+  // Rows that are exactly one vector a lane: rows a lane loads before folding any (loads in flight).
+  static constexpr int kRowSets = 4;
+  // A split of a long row keeps each of the block's threads busy for at least this many vectors.
+  static constexpr int64_t kMinVectorsPerThread = 8;
+  static constexpr int kColumnLoadsInFlight = 4;  // column kernel: rows a thread loads before adding any
+  // A split of the reduced extent keeps each column thread busy for at least this many rows.
+  static constexpr int64_t kMinRowsPerThread = 8;
+
+  // ---- Row statistics: var_mean and LayerNorm forward (row_layout.cuh) ------------------------------------
+  // 16-byte vectors a thread keeps per row: 128 bytes whatever the dtype, so a bfloat16 row keeps as many bytes
+  // in flight per thread as a float32 one. 16-bit elements stay packed between passes (repack), so they cost
+  // the registers float32 elements do.
+  static constexpr int kItems = 8;
+  static constexpr unsigned kWarpRowsBlock = 128;  // warp-per-row kernels: four rows per block
+  static constexpr unsigned kMinRowBlock = 64, kMaxRowBlock = 512;
+  // Few rows spread over more threads only where that makes blocks of this many threads or more. LayerNorm
+  // forward, graph replay: 128-thread blocks of about two vectors a thread beat warps of seven (bfloat16
+  // 1024x1600: 5.8 vs 6.5 us; float32 1024x1024: 4.9 vs 5.4 us), but 64-thread blocks lost to warps of three
+  // or four (bfloat16 2048x768..1600: 6-9% slower).
+  static constexpr int64_t kSpreadMinBlock = 128;
+  static constexpr unsigned kStreamingBlock = 512;  // rows that stream through thread_reduce
+  // Resident threads per SM the one-tensor kernels are compiled for (their register budget, 64 a thread).
+  static constexpr unsigned kOneTensorThreads = 1024;
+
+  // ---- var_mean over too few rows to fill the GPU (var_mean.cu) --------------------------------------------
+  static constexpr unsigned kChunkBlock = 512;
+  static constexpr int64_t kMinChunk = 1 << 16;  // elements per block at least, so a block streams long enough
+  static constexpr int64_t kChunksPerMultiprocessor = 4;  // blocks the rows are split into, per SM
+  static constexpr int64_t kChunkAlignment = 256;  // a chunk's length is a multiple of this many elements
+
+  // ---- LayerNorm backward (layer_norm_bwd.cu) ---------------------------------------------------------------
+  static constexpr unsigned kBackwardThreads = 512;  // resident threads per SM the row kernel is compiled for
+  // Row vectors a thread handles, so that its 2 x elements column accumulators (and a Held row's x and dy) fit
+  // the 128 registers a thread gets at kBackwardThreads threads per SM: rows held in registers up to 24
+  // elements a thread (float32 6 vectors, 16-bit 3; float64 4), read again from L2 up to 40 (float32 10,
+  // 16-bit 5; float64 none).
+  template <typename scalar_t>
+  static constexpr int kHeldItems = sizeof(scalar_t) == 8 ? 4 : 24 / (16 / sizeof(scalar_t));
+  template <typename scalar_t>
+  static constexpr int kRereadItems = sizeof(scalar_t) == 8 ? 0 : 40 / (16 / sizeof(scalar_t));
+  // The smallest block per row: 128-thread blocks of 4 vectors ran faster than 64-thread blocks of 8
+  // (bfloat16 16384x4096 on the H200, an earlier kernel: 251 vs 201 us).
+  static constexpr unsigned kMinBackwardBlock = 128;
+  // Column fold: a tile of kFoldTile partial-row slots per block, kFoldLanes lanes striding over the chunks.
+  static constexpr unsigned kFoldTile = 32, kFoldLanes = 32;
+};
+
+// UNMEASURED: Hopper's numbers until someone measures these GPUs. None of the hardware differences requires
+// another compile-time number: 8.6, 8.9 and 12.x hold 1536 threads per SM (the others 2048), and Ampere, Ada and
+// 12.x give a block 99-163 KiB of shared memory (Hopper and 10.x 227), but every one has 64K registers per SM,
+// so the register budgets above (1024 and 512 resident threads) fit everywhere; the grids and the shared-memory
+// choices, which do depend on threads and shared memory per SM, are made from the device properties.
+using AmpereTuning = HopperTuning;     // sm_80, sm_86: unmeasured
+using AdaTuning = HopperTuning;        // sm_89: unmeasured
+using BlackwellTuning = HopperTuning;  // sm_100, sm_120: unmeasured
+
+// The kernels whose launches are not yet dispatched through with_tuning (full_reduce.cuh, dim_reduce.cu)
+// compile with these numbers on every architecture.
+using UndispatchedTuning = HopperTuning;
+
+enum class Architecture { Ampere, Ada, Hopper, Blackwell };
+
+// The current device's architecture, from its compute capability (ATen caches the properties per device).
+// Older GPUs get Ampere's tuning and newer ones Blackwell's: the nearest measured or default struct.
+inline Architecture current_architecture() {
+  const cudaDeviceProp* properties = at::cuda::getCurrentDeviceProperties();
+  const int capability = properties->major * 10 + properties->minor;
+  if (capability >= 100) return Architecture::Blackwell;
+  if (capability >= 90) return Architecture::Hopper;
+  if (capability == 89) return Architecture::Ada;
+  return Architecture::Ampere;
+}
+
+// Calls f(Tuning()) with the current device's tuning struct. Architectures that share a struct share the
+// instantiations of f, so an unmeasured architecture costs no code.
+template <typename F>
+decltype(auto) with_tuning(F&& f) {
+  switch (current_architecture()) {
+    case Architecture::Ampere: return f(AmpereTuning());
+    case Architecture::Ada: return f(AdaTuning());
+    case Architecture::Blackwell: return f(BlackwellTuning());
+    case Architecture::Hopper: break;
+  }
+  return f(HopperTuning());
+}
+
+}  // namespace torch_reduce::cuda

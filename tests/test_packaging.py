@@ -1,0 +1,53 @@
+"""Packaging guards that need no GPU: the torch-version check made before torch_reduce._C loads, and the version."""
+import importlib.metadata
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torch_reduce
+from torch_reduce._check_torch import torch_mismatch
+
+
+def test_matching_torch_loads():
+    assert torch_mismatch("2.14.1+cu130", "13.0", "2.14.1+cu130", "13.0") is None
+    assert torch_mismatch("2.14.1+cu130", "13.0", "2.14.1", "13.2") is None  # local label, CUDA minor
+    assert torch_mismatch("2.14.1+cu130", None, "2.14.1+cpu", None) is None  # CPU kernels only: any 2.14.1
+
+
+@pytest.mark.parametrize("installed, cuda, why", [
+    ("2.11.0+cu130", "13.0", "torch 2.11.0+cu130 is installed"),
+    ("2.14.1+cpu", None, "has no CUDA"),
+    ("2.14.1+cu128", "12.8", "uses CUDA 12.8"),
+])
+def test_other_torch_names_both_versions(installed, cuda, why):
+    message = torch_mismatch("2.14.1+cu130", "13.0", installed, cuda)
+    assert "built against torch 2.14.1+cu130 (CUDA 13.0)" in message and why in message
+    assert "pip install torch==2.14.1" in message
+
+
+def test_import_with_another_torch_fails_before_loading_the_extension():
+    if importlib.util.find_spec("torch_reduce._build_info") is None:
+        pytest.skip("no build record: this in-place _C was built before setup.py wrote one (rebuild)")
+    package_root = str(Path(torch_reduce.__file__).parent.parent)  # the child imports this same torch_reduce
+    code = (f"import sys; sys.path.insert(0, {package_root!r})\n"
+            "import torch\n"
+            "torch.__version__ = '2.0.0'\n"
+            "try:\n"
+            "    import torch_reduce\n"
+            "except ImportError as error:\n"
+            "    print(error)\n"
+            "assert 'torch_reduce._C' not in sys.modules\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "but torch 2.0.0 is installed" in result.stdout and "was built against torch " in result.stdout
+
+
+def test_version_is_the_installed_metadata():
+    try:
+        installed = importlib.metadata.version("torch_reduce")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("torch_reduce is on the path, not installed")
+    assert torch_reduce.__version__ == installed
