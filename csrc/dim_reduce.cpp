@@ -80,64 +80,64 @@ void check_empty_vector_norm(Reduction r, const at::Tensor& x, const ReduceCall&
 double empty_value(const ReduceKind& kind, at::ScalarType type) {
   double value = 0;
   TORCH_REDUCE_DISPATCH(type, "torch_reduce empty reduction", [&] {
-    with_reduce_ops<scalar_t>(kind, 0, [&](auto ops) {
+    with_reduce_ops<scalar_t>(kind, [&](auto ops) {
       value = static_cast<double>(project_result(ops, decltype(ops)::identity()));
     });
   });
   return value;
 }
 
-// The normal form plus where each output lands: `kept_order` lists the kept dims of size > 1 in the
-// order the kernel writes them (outermost first).
+// A run of adjacent dims in memory, all reduced or all kept: (reduced?, product of their sizes).
+using Run = std::pair<bool, int64_t>;
+
+// The input as runs over one dense stretch of memory, outermost first, plus where each output lands:
+// `kept_order` lists the kept dims of size > 1 in the order the kernels write them (outermost first).
 struct Layout {
-  ReduceProblem problem;
+  at::Tensor input;  // 1-D, the elements in the runs' order
+  std::vector<Run> runs;
   std::vector<int64_t> kept_order;
 };
 
+void append_run(std::vector<Run>& runs, bool reduced, int64_t size) {
+  if (!runs.empty() && runs.back().first == reduced) runs.back().second *= size;
+  else runs.emplace_back(reduced, size);
+}
+
 // Without copying when the input is dense: its dims in memory order (size-1 dims dropped), runs of
-// reduced or kept dims merged; usable when at most one run is reduced. Else (interleaved reduced dims,
-// gaps such as x[::2]) the reduced dims are permuted last and copied: (kept, reduced, 1).
-Layout normal_form(const at::Tensor& x, const std::bitset<at::dim_bitset_size>& reduce_mask) {
+// reduced or kept dims merged, however many reduced runs there are. Else (gaps such as x[::2]) the reduced
+// dims are permuted last and copied: (kept, reduced).
+Layout layout_of(const at::Tensor& x, const std::bitset<at::dim_bitset_size>& reduce_mask) {
   const int64_t ndim = x.dim();
   Layout layout;
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (x.size(d) > 1) order.push_back(d);
   if (x.is_non_overlapping_and_dense()) {
-    std::vector<int64_t> order;
-    for (int64_t d = 0; d < ndim; ++d)
-      if (x.size(d) > 1) order.push_back(d);
     // Dims of size > 1 of a dense tensor have distinct strides: descending stride is memory order.
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return x.stride(a) > x.stride(b); });
-    std::vector<std::pair<bool, int64_t>> runs;  // (reduced?, product of sizes)
-    for (int64_t d : order) {
-      const bool reduced = reduce_mask[d];
-      if (!runs.empty() && runs.back().first == reduced) runs.back().second *= x.size(d);
-      else runs.emplace_back(reduced, x.size(d));
-      if (!reduced) layout.kept_order.push_back(d);
-    }
-    const auto reduced_runs = std::count_if(runs.begin(), runs.end(), [](const auto& run) { return run.first; });
-    if (reduced_runs <= 1) {
-      int64_t outer = 1, reduced = 1, inner = 1;
-      bool after_reduced = false;
-      for (const auto& [is_reduced, size] : runs) {
-        if (is_reduced) reduced = size, after_reduced = true;
-        else (after_reduced ? inner : outer) *= size;
-      }
-      layout.problem = {x.as_strided({x.numel()}, {1}), outer, reduced, inner};
-      return layout;
-    }
-    layout.kept_order.clear();
+    layout.input = x.as_strided({x.numel()}, {1});
+  } else {
+    std::stable_partition(order.begin(), order.end(), [&](int64_t d) { return !reduce_mask[d]; });
+    std::vector<int64_t> permutation = order;
+    for (int64_t d = 0; d < ndim; ++d)
+      if (x.size(d) <= 1) permutation.push_back(d);
+    layout.input = x.permute(permutation).contiguous().view(-1);
   }
-  std::vector<int64_t> permutation;
-  int64_t outer = 1;
-  for (int64_t d = 0; d < ndim; ++d)
-    if (!reduce_mask[d]) {
-      permutation.push_back(d);
-      outer *= x.size(d);
-      if (x.size(d) > 1) layout.kept_order.push_back(d);
-    }
-  for (int64_t d = 0; d < ndim; ++d)
-    if (reduce_mask[d]) permutation.push_back(d);
-  layout.problem = {x.permute(permutation).contiguous().view(-1), outer, x.numel() / std::max<int64_t>(outer, 1), 1};
+  for (int64_t d : order) {
+    append_run(layout.runs, reduce_mask[d], x.size(d));
+    if (!reduce_mask[d]) layout.kept_order.push_back(d);
+  }
   return layout;
+}
+
+// The normal form of reducing run `at` (runs.size() for none): the runs before it outer, after it inner.
+ReduceProblem problem_of(const at::Tensor& input, const std::vector<Run>& runs, size_t at) {
+  int64_t outer = 1, reduced = 1, inner = 1;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (i == at) reduced = runs[i].second;
+    else (i < at ? outer : inner) *= runs[i].second;
+  }
+  return {input, outer, reduced, inner};
 }
 
 }  // namespace
@@ -173,12 +173,34 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
   const auto out_options = x.options().dtype(out_type);
   const int64_t outputs = c10::multiply_integers(out_shape);
   if (outputs == 0) return at::empty(out_shape, out_options);
-  const ReduceKind kind{r, call.ord};
+  ReduceKind kind{r, call.ord, reduced_count, Stage::Whole};
   if (reduced_count == 0) return at::full(out_shape, empty_value(kind, x.scalar_type()), out_options);
 
-  const Layout layout = normal_form(x, reduce_mask);
-  at::Tensor out = at::empty({outputs}, x.options().dtype(kernel_result_type(r, x.scalar_type())));
-  launch(kind, layout.problem, out);
+  Layout layout = layout_of(x, reduce_mask);
+  // Reduced runs apart in memory: the largest first (it shrinks the intermediate most), each stage's
+  // accumulators the next one's input, until one reduced run is left.
+  at::Tensor input = layout.input;
+  std::vector<Run>& runs = layout.runs;
+  const auto is_reduced = [](const Run& run) { return run.first; };
+  while (std::count_if(runs.begin(), runs.end(), is_reduced) > 1) {
+    size_t at = runs.size();
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (runs[i].first && (at == runs.size() || runs[i].second > runs[at].second)) at = i;
+    const ReduceProblem stage = problem_of(input, runs, at);
+    kind.stage = kind.stage == Stage::Whole ? Stage::First : Stage::Middle;
+    at::Tensor partial = at::empty({stage.outer * stage.inner}, x.options().dtype(accumulate_type(x.scalar_type())));
+    launch(kind, stage, partial);
+    input = partial;
+    std::vector<Run> remaining;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (i != at) append_run(remaining, runs[i].first, runs[i].second);
+    runs = remaining;
+  }
+  if (kind.stage != Stage::Whole) kind.stage = Stage::Last;
+  const auto reduced_run = std::find_if(runs.begin(), runs.end(), is_reduced);
+  const ReduceProblem problem = problem_of(input, runs, static_cast<size_t>(reduced_run - runs.begin()));
+  at::Tensor out = at::empty({outputs}, x.options().dtype(kernel_result_type(r, input.scalar_type())));
+  launch(kind, problem, out);
 
   // The kernel wrote the kept dims in layout.kept_order; return them in the input's order, contiguous
   // (a copy only when that order differs, e.g. a permuted input keeping several dims).

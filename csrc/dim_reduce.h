@@ -105,11 +105,27 @@ struct ReduceProblem {
   int64_t inner;     // N
 };
 
-// What the launcher is asked to compute: the row's reduction and its parameter (vector_norm's ord).
+// Which launch of a reduction: Whole, the only one; or a stage of a reduction whose reduced dims lie apart in
+// memory (NCHW over (0, 2, 3): BatchNorm's statistics), read in place one reduced run at a time instead of
+// copied: First folds elements into accumulators (the ops' transform, no project), Middle folds
+// accumulators, Last folds them and projects. Stages write acc_type, so their inputs after the first are
+// float, double or int64.
+enum class Stage { Whole, First, Middle, Last };
+
+// What the launcher is asked to compute: the row's reduction, its parameter (vector_norm's ord), the count
+// of elements each output folds over all stages (mean's divisor), and the stage.
 struct ReduceKind {
   Reduction reduction;
   double ord;
+  int64_t count;
+  Stage stage;
 };
+
+// The dtype of acc_type: a split reduction's intermediates.
+inline at::ScalarType accumulate_type(at::ScalarType t) {
+  if (t == at::kDouble) return at::kDouble;
+  return at::isFloatingType(t) ? at::kFloat : at::kLong;
+}
 
 // Writes the reduction of `problem` into `out`: B * N contiguous elements of kernel_result_type().
 using ReduceLauncher = void (*)(const ReduceKind&, const ReduceProblem& problem, const at::Tensor& out);
@@ -148,10 +164,10 @@ using kernel_out_t = std::conditional_t<!std::is_floating_point_v<acc_type<scala
                                              std::is_same_v<Ops, ProdOp<acc_type<scalar_t>>>),
                                         int64_t, scalar_t>;
 
-// Calls f(ops) with the ops object of `kind` over acc_type<scalar_t>; mean divides by the reduced count K.
+// Calls f(ops) with the ops object of `kind` over acc_type<scalar_t>; mean divides by kind.count.
 // mean and the norms are only reached for floating inputs (reduce_dims checks).
 template <typename scalar_t, typename F>
-void with_reduce_ops(const ReduceKind& kind, int64_t reduced_count, F&& f) {
+void with_reduce_ops(const ReduceKind& kind, F&& f) {
   using acc_t = acc_type<scalar_t>;
   switch (kind.reduction) {
     case Reduction::Sum: return f(SumOp<acc_t>());
@@ -162,7 +178,7 @@ void with_reduce_ops(const ReduceKind& kind, int64_t reduced_count, F&& f) {
     case Reduction::VectorNorm:
       if constexpr (std::is_floating_point_v<acc_t>) {
         const double p = kind.ord;
-        if (kind.reduction == Reduction::Mean) return f(MeanOp<acc_t>{{}, acc_t(reduced_count)});
+        if (kind.reduction == Reduction::Mean) return f(MeanOp<acc_t>{{}, acc_t(kind.count)});
         if (p == 2) return f(NormTwoOp<acc_t>());
         if (p == 1) return f(NormOneOp<acc_t>());
         if (p == 0) return f(NormZeroOp<acc_t>());
@@ -171,6 +187,31 @@ void with_reduce_ops(const ReduceKind& kind, int64_t reduced_count, F&& f) {
       }
       TORCH_CHECK(false, "torch_reduce: ", reduction_name(kind.reduction), " of a non-floating dtype reached a kernel");
   }
+}
+
+// Calls f(ops, std::type_identity<out_t>(), whole) for one launch of `kind` on a scalar_t input: the ops object
+// and output element type of its stage; whole (std::true_type for Stage::Whole alone) says whether the
+// launch may be a whole-tensor reduction, so the stages do not instantiate those kernels (a split
+// reduction keeps a dim). The later stages are instantiated only for the accumulate types they read.
+template <typename scalar_t, typename F>
+void with_stage_ops(const ReduceKind& kind, F&& f) {
+  using acc_t = acc_type<scalar_t>;
+  with_reduce_ops<scalar_t>(kind, [&](auto ops) {
+    using Ops = decltype(ops);
+    switch (kind.stage) {
+      case Stage::Whole: return f(ops, std::type_identity<kernel_out_t<scalar_t, Ops>>(), std::true_type());
+      case Stage::First: return f(unprojected(ops), std::type_identity<acc_t>(), std::false_type());
+      case Stage::Middle:
+      case Stage::Last:
+        if constexpr (std::is_same_v<scalar_t, acc_t>) {
+          const auto fold = partials_ops(ops);
+          if (kind.stage == Stage::Middle) return f(unprojected(fold), std::type_identity<acc_t>(), std::false_type());
+          return f(fold, std::type_identity<kernel_out_t<scalar_t, decltype(fold)>>(), std::false_type());
+        }
+        TORCH_CHECK(false, "torch_reduce: a later stage of ", reduction_name(kind.reduction), " read ",
+                    c10::CppTypeToScalarType<scalar_t>::value, ", not its accumulate type");
+    }
+  });
 }
 
 }  // namespace torch_reduce

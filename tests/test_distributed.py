@@ -10,6 +10,7 @@ a dropped partial) misses the reference: the "wrong combines fail" cases check t
 """
 import functools
 import json
+import math
 import os
 import time
 import traceback
@@ -247,12 +248,18 @@ def check_errors(ctx):
 
 # -------------------------------------------------------------------------------------------- DTensor ----
 
-REDUCTIONS = ["sum", "mean", "amax", "amin", "var_mean"]
-PARTIAL_OF = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min"}
+# vector_norm by its order: "vector_norm" is ord 2 (a gather and fold), the others each a Partial.
+NORM_ORDS = {"vector_norm": 2.0, "vector_norm_1": 1.0, "vector_norm_0": 0.0, "vector_norm_inf": math.inf,
+             "vector_norm_-inf": -math.inf, "vector_norm_0.5": 0.5, "vector_norm_-1.5": -1.5}
+REDUCTIONS = ["sum", "mean", "amax", "amin", "prod", "var_mean", *NORM_ORDS]
+PARTIAL_OF = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "prod": "product", "vector_norm_1": "sum",
+              "vector_norm_0": "sum", "vector_norm_inf": "max", "vector_norm_-inf": "min"}  # others: Replicate
 
 
 def _reduce(name, x, dim, keepdim=False):
     """torch_reduce's op over ``dim`` (None: every dim, which amax/amin spell ())."""
+    if name in NORM_ORDS:
+        return torch_reduce.vector_norm(x, NORM_ORDS[name], dim, keepdim=keepdim)
     if dim is None and name in ("amax", "amin"):
         dim = ()
     return getattr(torch_reduce, name)(x, dim, keepdim=keepdim)
@@ -261,6 +268,14 @@ def _reduce(name, x, dim, keepdim=False):
 def _reference(name, full, dim, keepdim=False):
     """torch's op on the whole tensor, in float64."""
     dims = tuple(range(full.dim())) if dim is None else dim
+    if name in NORM_ORDS:
+        return torch.linalg.vector_norm(full.double(), NORM_ORDS[name], dims, keepdim)
+    if name == "prod":  # torch.prod takes one dim: fold the others one at a time, last first
+        out = full.double()
+        for d in sorted((d % max(full.dim(), 1) for d in ((dims,) if isinstance(dims, int) else dims)),
+                        reverse=True):
+            out = out.prod(d, keepdim=True)
+        return out if keepdim else out.reshape(_reference("sum", full, dim, keepdim).shape)
     op = torch.var_mean if name == "var_mean" else getattr(torch, name)
     return op(full.double(), dim=dims, keepdim=keepdim)
 
@@ -284,14 +299,14 @@ def check_dtensor_reduce_sharded_dim(ctx, name, dtype):
     """Shard of a reduced dim: a Partial for sum/mean/amax/amin, var_mean folded to Replicate (the same bits
     on both ranks); uneven and empty shards included (7 rows are 4 + 3 on two ranks, 1 row is 1 + 0)."""
     from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
-    expected = (Replicate(),) if name == "var_mean" else (Partial(PARTIAL_OF[name]),)
+    expected = (Partial(PARTIAL_OF[name]),) if name in PARTIAL_OF else (Replicate(),)
     for rows in (7, 1):
         full = ctx.shared_randn(rows, 6, dtype=dtype)
         x = distribute_tensor(full, ctx.mesh, [Shard(0)])
         for dim in (0, None, (0, 1), -2):
             for keepdim in (False, True):
                 outputs = _tensors(_reduce(name, x, dim, keepdim))
-                if name == "var_mean":
+                if name not in PARTIAL_OF:
                     ctx.same_everywhere_and_twice(lambda: _reduce(name, x, dim, keepdim))
                 # A Partial of 16-bit values is rounded per rank and added in 16 bits (as torch's own ops do).
                 tol = TOL[dtype] if name == "var_mean" or dtype != torch.bfloat16 else (2 ** -7, 2 ** -7)

@@ -11,6 +11,11 @@ Placements in -> out, mesh dim by mesh dim:
   (count, mean, M2) is gathered over the mesh dim and folded in rank order with Chan's formula, exact and the
   same bits on every rank. No Partial placement expresses that fold: a Partial(sum) of M2s misses the
   between-shard term, and redistributing the input to Replicate would move the whole tensor.
+- ``prod``: as ``sum``, with Partial(product) (an empty shard gives 1, the identity).
+- ``vector_norm``: as above for dims not reduced; Shard of a reduced dim -> ord 1 and 0: Partial(sum) of the
+  local norms; inf / -inf: Partial(max) / Partial(min) (an empty shard gives 0 / inf); any other ord p:
+  Replicate: each rank's local norm, raised to p in float64, is gathered over the mesh dim, summed in rank
+  order and raised to 1/p (torch's Partial has no p-norm placement, and a sum of norms is not a norm).
 - ``layer_norm_fwd``: input Replicate or Shard of a row dim (one not normalized), weight and bias Replicate
   -> out, mean and rstd with the input's placements.
 - ``layer_norm_bwd``: grad_out, mean and rstd are redistributed to the input's placements; grad_input has the
@@ -36,14 +41,14 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from . import distributed
 from .ops import _reduced_dims
 
-_PARTIAL_OF_REDUCED_SHARD = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min"}
+_PARTIAL_OF_REDUCED_SHARD = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "prod": "product"}
 
 
 # -------------------------------------------------------------------------------------------- the rules ----
 
 
 def _dim_reduction_rule(cls, func, types, args, kwargs):
-    """sum, mean, amax, amin."""
+    """sum, mean, amax, amin, prod."""
     name = _op_name(func)
     a = _arguments(func, args, kwargs)
     x = a["self"]
@@ -64,6 +69,43 @@ def _dim_reduction_rule(cls, func, types, args, kwargs):
         local = _call_with(func, args, kwargs, DTensor.to_local)
     placements = _reduced_placements(x, dims, keepdim, Partial(_PARTIAL_OF_REDUCED_SHARD[name]))
     return _wrap(local, x, placements, expected)
+
+
+def _vector_norm_rule(cls, func, types, args, kwargs):
+    a = _arguments(func, args, kwargs)
+    x = a["self"]
+    _require_dtensors(func, {"self": x})
+    expected = _call_with(func, args, kwargs, _meta)
+    _check_placements(func, "self", x, shardable_dims=range(x.ndim))
+    dims = _reduced_dims("vector_norm", _meta(x), a["dim"])
+    order, keepdim = float(a["ord"]), a["keepdim"]
+    local_x = x.to_local()
+    local_empty = any(local_x.shape[d] == 0 for d in dims)
+    if not _shards_a_reduced_dim(x, dims) or order in (0.0, 1.0):
+        local = _call_with(func, args, kwargs, DTensor.to_local)
+        return _wrap(local, x, _reduced_placements(x, dims, keepdim, Partial("sum")), expected)
+    if math.isinf(order):
+        if local_empty:  # torch refuses an empty inf-norm; the shard adds nothing to the max (min)
+            local = torch.full(_reduced_shape(local_x.shape, dims, keepdim), 0.0 if order > 0 else math.inf,
+                               dtype=expected.dtype, device=local_x.device)
+        else:
+            local = _call_with(func, args, kwargs, DTensor.to_local)
+        return _wrap(local, x, _reduced_placements(x, dims, keepdim, Partial("max" if order > 0 else "min")),
+                     expected)
+    if local_empty:  # nothing to add, also where a negative p would make 0 ** p infinite
+        powered = torch.zeros(_reduced_shape(local_x.shape, dims, True), dtype=torch.float64, device=local_x.device)
+    else:
+        powered = torch.ops.reduce.vector_norm(local_x, order, dims, True, dtype=torch.float64) ** order
+    for mesh_dim, p in enumerate(x.placements):  # mesh dim by mesh dim, each group in rank order
+        if type(p) is Shard and p.dim % x.ndim in dims:
+            parts = distributed._all_gather(powered.contiguous(), x.device_mesh.get_group(mesh_dim))
+            powered = parts[0]
+            for part in parts[1:]:
+                powered = powered + part
+    norm = (powered ** (1.0 / order)).to(expected.dtype)
+    if not keepdim:
+        norm = norm.squeeze(dims)
+    return _wrap(norm, x, _reduced_placements(x, dims, keepdim, Replicate()), expected)
 
 
 def _var_mean_rule(cls, func, types, args, kwargs):
@@ -238,8 +280,9 @@ def _wrap(local: torch.Tensor, like: DTensor, placements, expected: torch.Tensor
                               stride=expected.stride())
 
 
-for _name in ("sum", "mean", "amax", "amin"):
+for _name in ("sum", "mean", "amax", "amin", "prod"):
     torch.library.register_torch_dispatch(f"reduce::{_name}", DTensor, _dim_reduction_rule)
+torch.library.register_torch_dispatch("reduce::vector_norm", DTensor, _vector_norm_rule)
 torch.library.register_torch_dispatch("reduce::var_mean", DTensor, _var_mean_rule)
 torch.library.register_torch_dispatch("reduce::layer_norm_fwd", DTensor, _layer_norm_fwd_rule)
 torch.library.register_torch_dispatch("reduce::layer_norm_bwd", DTensor, _layer_norm_bwd_rule)

@@ -71,6 +71,34 @@ TR_HOST_DEVICE auto partials_ops(const Ops& ops) {
   }
 }
 
+// A reduction's accumulators, left unprojected: what the stages before the last of a reduction split over
+// several launches write (dim_reduce.h, Stage). Keeps the transform, if any; drops the project.
+template <typename Ops, bool = HasTransform<Ops>::value>
+struct UnprojectedOps {
+  using T = decltype(Ops::identity());
+  Ops ops;
+  static TR_HOST_DEVICE T identity() { return Ops::identity(); }
+  TR_HOST_DEVICE T transform(T x) const { return ops.transform(x); }
+  TR_HOST_DEVICE T operator()(const T& a, const T& b) const { return ops(a, b); }
+};
+template <typename Ops>
+struct UnprojectedOps<Ops, false> {
+  using T = decltype(Ops::identity());
+  Ops ops;
+  static TR_HOST_DEVICE T identity() { return Ops::identity(); }
+  TR_HOST_DEVICE T operator()(const T& a, const T& b) const { return ops(a, b); }
+};
+
+// `ops` itself when it projects nothing (the kernels it always was).
+template <typename Ops>
+TR_HOST_DEVICE auto unprojected(const Ops& ops) {
+  if constexpr (HasProject<Ops>::value) {
+    return UnprojectedOps<Ops>{ops};
+  } else {
+    return ops;
+  }
+}
+
 template <typename T>
 struct SumOp {
   static TR_HOST_DEVICE T identity() { return T(0); }

@@ -281,12 +281,16 @@ void launch_cuda(const ReduceKind& kind, const ReduceProblem& p, const at::Tenso
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   TORCH_REDUCE_DISPATCH(p.input.scalar_type(), "torch_reduce dim reduction", [&] {
     using acc_t = acc_type<scalar_t>;
-    with_reduce_ops<scalar_t>(kind, p.reduced, [&](auto ops) {
-      using out_t = kernel_out_t<scalar_t, decltype(ops)>;
+    with_stage_ops<scalar_t>(kind, [&](auto ops, auto out_type, auto whole) {
+      using out_t = typename decltype(out_type)::type;
       const scalar_t* in = p.input.const_data_ptr<scalar_t>();
       out_t* result = out.mutable_data_ptr<out_t>();
       if (p.outer * p.inner == 1) {
-        launch_device_reduce<kBlock, scalar_t, acc_t>(in, p.reduced, result, ops, true, out.device());
+        if constexpr (decltype(whole)::value) {
+          launch_device_reduce<kBlock, scalar_t, acc_t>(in, p.reduced, result, ops, true, out.device());
+        } else {
+          TORCH_CHECK(false, "torch_reduce: a stage of a split reduction covered the whole tensor");
+        }
       } else if (p.inner == 1) {
         launch_rows<scalar_t, acc_t>(in, p.outer, p.reduced, result, ops, out.options(), stream);
       } else {

@@ -1,9 +1,10 @@
 """Drop-in section: torch_reduce.sum/mean/amax/amin against torch (and CUB through CuPy), one run:
 
 (a) float32 full sum, n = 2^10..2^30: plain launches, and CUDA-graph replay up to 2^22;
-(b) full sums of other dtypes at 2^28;   (c) sum over dim=-1 and dim=0 of (M, N) float32;
-(d) amax, amin, mean at 2^28;           (e) accuracy of a float32 sum of 2^28 normals against float64;
-(f) determinism: repeated runs give the same bits.
+(b) full sums of other dtypes at 2^28;   (d) amax, amin, mean at 2^28;
+(e) accuracy of a float32 sum of 2^28 normals against float64;   (f) determinism: repeated runs give the same
+bits;   (g) prod and vector_norm, whole tensor and over one dim of (M, N).
+Reductions over dims against torch's: the dims section (dims.py). The letters are the records' since the start.
 GB/s counts the bytes read once. Writes dropin.json, dropin.md and dropin_full_sum.png.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ GRAPH_CALLS = 512  # calls per captured graph (capturing thousands of tiny calls
 DTYPE_EXPONENT = 28
 MATRIX_SHAPES = [(8192, 1024), (1024, 8192), (65536, 768), (768, 65536), (16384, 4096), (32, 2**24), (2**24, 32)]
 DTYPE_TARGETS = {torch.int32: 4.0, torch.int8: 10.0, torch.bool: 10.0, torch.float16: 1.1, torch.bfloat16: 1.1}
-SHORT_ROW_TARGET_GBPS = 3500.0  # (2^24, 32) dim=-1: torch reads it at ~600 GB/s
+NORM_ORDS = (2, 1, float("inf"), 0, 0.5)  # (g): every kind of vector_norm kernel (0.5: a general p)
 ACCURACY_TARGET = 1e-6
 DETERMINISM_RUNS = 100
 
@@ -128,28 +129,6 @@ class Section:
             del inputs
         self.out += lines + [""]
 
-    # -------------------------------------------------------------------------------- (c) ----
-    def matrices(self, shapes) -> None:
-        lines = ["### (c) float32 sum over one dim of (M, N)", "",
-                 "| shape | dim | torch GB/s | ours GB/s | ours % line | ours / torch | target | |",
-                 "|---|---|---|---|---|---|---|---|"]
-        for shape in shapes:
-            inputs = _inputs(shape, torch.float32, None)
-            nbytes = 4 * shape[0] * shape[1]
-            for dim in (-1, 0):
-                common = dict(op="sum", dtype="float32", shape=list(shape), dim=dim)
-                theirs = self.measure(lambda x: torch.sum(x, dim), inputs, nbytes, "launch", impl="torch", **common)
-                mine = self.measure(lambda x: torch_reduce.sum(x, dim), inputs, nbytes, "launch",
-                                    impl="torch_reduce", **common)
-                ok = mine.gbps >= theirs.gbps
-                target = ">= torch"
-                if shape == (2**24, 32) and dim == -1:
-                    ok, target = ok and mine.gbps >= SHORT_ROW_TARGET_GBPS, f">= torch, >= {SHORT_ROW_TARGET_GBPS:.0f}"
-                lines.append(f"| {shape} | {dim} | {theirs.gbps:.0f} | {mine.gbps:.0f} | {self.pct(mine.gbps)} | "
-                             f"{mine.gbps / theirs.gbps:.2f} | {target} | {_verdict(ok)} |")
-            del inputs
-        self.out += lines + [""]
-
     # -------------------------------------------------------------------------------- (d) ----
     def other_ops(self, exponent: int) -> None:
         n = 2**exponent
@@ -197,6 +176,40 @@ class Section:
         self.out += lines + [""]
 
 
+    # -------------------------------------------------------------------------------- (g) ----
+    def prod_and_norms(self, exponent: int, shapes) -> None:
+        """prod and vector_norm (every ord of NORM_ORDS over the whole tensor, ord 2 over one dim) >= torch."""
+        n = 2**exponent
+        lines = [f"### (g) float32 prod and vector_norm: the whole tensor (n = 2^{exponent}) and over one dim "
+                 "of (M, N)", "", "| op | shape | dim | torch GB/s | ours GB/s | ours % line | ours / torch | target | |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        whole = [("prod", None, torch.prod, torch_reduce.prod)]
+        whole += [(f"vector_norm ord={o:g}", o, lambda x, o=o: torch.linalg.vector_norm(x, o),
+                   lambda x, o=o: torch_reduce.vector_norm(x, o)) for o in NORM_ORDS]
+        cases = [((n,), None, name, order, theirs, mine) for name, order, theirs, mine in whole]
+        for shape in shapes:
+            for dim in (-1, 0):
+                cases.append((shape, dim, "prod", None, lambda x, d=dim: torch.prod(x, d),
+                              lambda x, d=dim: torch_reduce.prod(x, d)))
+                cases.append((shape, dim, "vector_norm ord=2", 2, lambda x, d=dim: torch.linalg.vector_norm(x, 2, d),
+                              lambda x, d=dim: torch_reduce.vector_norm(x, 2, d)))
+        inputs, inputs_shape = None, None
+        for shape, dim, name, order, theirs, mine in cases:
+            if shape != inputs_shape:
+                del inputs
+                inputs, inputs_shape = _inputs(shape, torch.float32, None), shape
+            nbytes = 4 * inputs[0].numel()
+            common = dict(op=name.split()[0], ord=None if order is None else f"{order:g}", dtype="float32",
+                          shape=list(shape), dim=dim)
+            their_row = self.measure(theirs, inputs, nbytes, "launch", impl="torch", **common)
+            my_row = self.measure(mine, inputs, nbytes, "launch", impl="torch_reduce", **common)
+            ratio = my_row.gbps / their_row.gbps
+            lines.append(f"| {name} | {tuple(shape)} | {dim} | {their_row.gbps:.0f} | {my_row.gbps:.0f} | "
+                         f"{self.pct(my_row.gbps)} | {ratio:.2f} | >= torch | {_verdict(ratio >= 1.0)} |")
+        del inputs
+        self.out += lines + [""]
+
+
 def _plot(series: dict, path) -> None:
     import matplotlib
 
@@ -223,12 +236,13 @@ def run(ctx: Context) -> str:
     quick = ctx.quick
     exponents = [10, 16, 20, 24, 26] if quick else list(FULL_SUM_EXPONENTS)
     dtype_exponent = 24 if quick else DTYPE_EXPONENT
-    shapes = [(8192, 1024), (2**20, 32)] if quick else MATRIX_SHAPES
+    shapes = [(8192, 1024), (2**20, 32)] if quick else MATRIX_SHAPES  # (g)
     runs = 10 if quick else DETERMINISM_RUNS
     cub = cub_sum()
     graph_sizes = sum(1 for e in exponents if e <= GRAPH_MAX_EXPONENT)
     per_size = 3 if cub is not None else 2
-    measurements = per_size * len(exponents) + 2 * graph_sizes + 2 * len(DTYPE_TARGETS) + 4 * len(shapes) + 6 + 2
+    measurements = (per_size * len(exponents) + 2 * graph_sizes + 2 * len(DTYPE_TARGETS) + 6 + 2
+                    + 2 * (1 + len(NORM_ORDS)) + 8 * len(shapes))
     section = Section(ctx, cub, measurements)
     header = [f"## Drop-in reductions (line: {ctx.line_gbps:.0f} GB/s" + (", quick)" if quick else ")"), "",
               f"{ctx.line.describe()}.", ""]
@@ -236,10 +250,10 @@ def run(ctx: Context) -> str:
         header += ["CuPy is not installed: the CUB column is left out.", ""]
     series = section.full_sum(exponents)
     section.dtypes(dtype_exponent)
-    section.matrices(shapes)
     section.other_ops(dtype_exponent)
     section.accuracy(dtype_exponent)
     section.determinism(runs)
+    section.prod_and_norms(dtype_exponent, shapes)
     section.bar.close()
 
     ctx.write_json("dropin", section.records)
