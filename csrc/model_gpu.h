@@ -13,4 +13,9 @@ struct GpuShape {
 
 inline constexpr GpuShape kModelGpu{132, 2048};  // NVIDIA H200
 
+// The whole-tensor kernel's 16-byte loads in flight per thread and iteration (full_reduce.cuh): part of its
+// order of operations (accumulator k takes every kVectorUnroll-th vector), which the CPU model reproduces
+// (cpu/model.h), so one value on every GPU rather than a per-architecture tuning.
+inline constexpr int kVectorUnroll = 4;
+
 }  // namespace torch_reduce

@@ -1,5 +1,6 @@
 """A small run of every op for compute-sanitizer: each ladder variant at a few sizes and block sizes
-(several blocks, partial last blocks, misaligned views), then the drop-in reductions, var_mean and LayerNorm."""
+(several blocks, partial last blocks, misaligned views), then the drop-in reductions on each kernel path,
+var_mean and LayerNorm."""
 import torch
 
 import torch_reduce
@@ -15,13 +16,23 @@ for v in LADDER:
     assert v.op(x.half(), 256).isfinite().item()
     assert v.op(torch.ones(33_333, dtype=torch.int8, device="cuda")).item() == 33_333
 
-for name in ("sum", "mean", "amax", "amin"):
-    op = getattr(torch_reduce, name, None)
-    if op is not None:
-        y = torch.randn(300, 257, device="cuda")
-        for args in ((), (0,), (1,), ((0, 1),)):
-            op(y, *args)
-            op(y.t(), *args)
+# The drop-ins on each kernel path: rows, columns, narrow-row tiles (K = 3, partial last tile, 16-bit), few
+# rows over dim 0, and reduced dims apart in memory (stages).
+narrow = torch.randn(5003, 3, device="cuda")
+apart = torch.randn(5, 6, 7, 9, device="cuda")
+for name in ("sum", "mean", "amax", "amin", "prod", "vector_norm"):
+    op = getattr(torch_reduce, name)
+    call = (lambda t, *dims: op(t, 2, *dims)) if name == "vector_norm" else op
+    y = torch.randn(300, 257, device="cuda")
+    for args in ((), (0,), (1,), ((0, 1),)):
+        call(y, *args)
+        call(y.t(), *args)
+    call(narrow, -1)
+    call(narrow.bfloat16(), -1)
+    call(torch.randn(7, 4099, device="cuda"), 0)
+    call(apart, (0, 2, 3))
+    call(apart.contiguous(memory_format=torch.channels_last), (1, 2))
+    call(apart.bfloat16(), (0, 2))
 # LayerNorm and var_mean: one shape per row layout of each kernel (warp rows, blocks of 128/256/512, the
 # backward's wide rows, streaming rows with shared-memory or global column sums), mixed-precision parameters,
 # and a misaligned view.

@@ -123,3 +123,12 @@ def test_batchnorm_statistics_read_in_place(memory_format):
     for op in (torch_reduce.sum, torch_reduce.mean, torch_reduce.amax):
         results = [op(x, (0, 2, 3)) for _ in range(3)]
         assert all(torch.equal(results[0], r) for r in results[1:]), op.__name__
+
+
+@requires_cuda
+def test_more_than_2_31_elements_over_dims_apart():
+    """int8 (2049, 4, 2^18 + 3) over (0, 2): 2.15e9 elements, two stages, exact against torch."""
+    x = torch.randint(-100, 100, (2049, 4, 2**18 + 3), dtype=torch.int8, device="cuda")
+    assert x.numel() > 2**31
+    assert torch.equal(torch_reduce.sum(x, (0, 2)), torch.sum(x, (0, 2)))
+    assert torch.equal(torch_reduce.amax(x, (0, 2)), torch.amax(x, (0, 2)))

@@ -49,51 +49,36 @@ TR_HOST_DEVICE T project_result(const Ops& ops, const T& a) {
   }
 }
 
-// The same reduction over partials that were transformed when their elements were loaded: identity,
-// combine and project of `Ops`, no transform.
-template <typename Ops>
-struct PartialsOps {
+// The parts of `Ops` one launch applies: kTransform to each element it loads, kProject to each result it
+// stores; identity and combine always. A second pass over partials that were transformed when their
+// elements were loaded folds with partials_ops(ops) (no transform); the stages before the last of a
+// reduction split over several launches (dim_reduce.h, Stage) store unprojected(ops).
+template <typename Ops, bool kTransform, bool kProject>
+struct OpsPart {
   using T = decltype(Ops::identity());
   Ops ops;
   static TR_HOST_DEVICE T identity() { return Ops::identity(); }
   TR_HOST_DEVICE T operator()(const T& a, const T& b) const { return ops(a, b); }
-  TR_HOST_DEVICE T project(const T& a) const { return project_result(ops, a); }
+  TR_HOST_DEVICE T transform(T x) const requires kTransform { return ops.transform(x); }
+  TR_HOST_DEVICE T project(const T& a) const requires kProject { return project_result(ops, a); }
 };
 
-// What a second pass over partials folds with: `ops` itself when it transforms nothing (the same kernel
-// as the first pass, so sum's second launch is the kernel it always was).
+// `ops` itself when it transforms nothing (the same kernel as the first pass, so sum's second launch is the
+// kernel it always was).
 template <typename Ops>
 TR_HOST_DEVICE auto partials_ops(const Ops& ops) {
   if constexpr (HasTransform<Ops>::value) {
-    return PartialsOps<Ops>{ops};
+    return OpsPart<Ops, false, HasProject<Ops>::value>{ops};
   } else {
     return ops;
   }
 }
 
-// A reduction's accumulators, left unprojected: what the stages before the last of a reduction split over
-// several launches write (dim_reduce.h, Stage). Keeps the transform, if any; drops the project.
-template <typename Ops, bool = HasTransform<Ops>::value>
-struct UnprojectedOps {
-  using T = decltype(Ops::identity());
-  Ops ops;
-  static TR_HOST_DEVICE T identity() { return Ops::identity(); }
-  TR_HOST_DEVICE T transform(T x) const { return ops.transform(x); }
-  TR_HOST_DEVICE T operator()(const T& a, const T& b) const { return ops(a, b); }
-};
-template <typename Ops>
-struct UnprojectedOps<Ops, false> {
-  using T = decltype(Ops::identity());
-  Ops ops;
-  static TR_HOST_DEVICE T identity() { return Ops::identity(); }
-  TR_HOST_DEVICE T operator()(const T& a, const T& b) const { return ops(a, b); }
-};
-
-// `ops` itself when it projects nothing (the kernels it always was).
+// `ops` itself when it projects nothing.
 template <typename Ops>
 TR_HOST_DEVICE auto unprojected(const Ops& ops) {
   if constexpr (HasProject<Ops>::value) {
-    return UnprojectedOps<Ops>{ops};
+    return OpsPart<Ops, HasTransform<Ops>::value, false>{ops};
   } else {
     return ops;
   }

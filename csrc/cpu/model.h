@@ -58,7 +58,7 @@ namespace torch_reduce::cpu {
 
 // ------------------------------------------------ full_reduce.cuh's vector kernel, one thread at a time ----
 
-constexpr int64_t kUnroll = 4;
+constexpr int64_t kUnroll = kVectorUnroll;
 
 template <typename acc_t, typename scalar_t, typename Op>
 acc_t fold_vector(const scalar_t* v, Op op) {

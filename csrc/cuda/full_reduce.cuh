@@ -18,11 +18,10 @@
 #include "common/reduce_ops.h"
 #include "cuda/block_reduce.cuh"
 #include "cuda/launch.cuh"
-#include "cuda/tuning.h"
 
 namespace torch_reduce::cuda {
 
-constexpr int kUnroll = UndispatchedTuning::kUnroll;  // 16-byte loads in flight per thread and iteration
+constexpr int kUnroll = kVectorUnroll;  // 16-byte loads in flight per thread and iteration (model_gpu.h)
 
 template <typename scalar_t>
 struct alignas(16) Vec16 {

@@ -13,7 +13,9 @@
 // Measured on the H200 and kept out: staging the next row in shared memory with cp.async while this one is
 // computed (two stages, no register copy of the row) was slower in float32 (65536x4096: 65% of the line
 // against 82%) and no faster in bfloat16 overall: the bfloat16 kernel is bound by its arithmetic and the
-// per-row reductions, not by loads in flight.
+// per-row reductions, not by loads in flight. Bulk copies (TMA) of x and dy into shared memory, 2-4 rows
+// ahead per block, the column sums in registers (32 elements a thread), lost too: bfloat16 0.52-1.03x the
+// Held kernel's speed (16384x4096: 185 vs 147 us), float32 0.64-1.00x.
 // Streaming kernel (rows that are not 16-byte aligned, or wider): element by element, the column sums in
 // shared memory, or in global scratch when two blocks' worth do not fit an SM.
 #include <ATen/cuda/CUDAContext.h>
@@ -50,6 +52,17 @@ __device__ __forceinline__ Vec16<scalar_t> load_vector_again(const Vec16<scalar_
   Vec16<scalar_t> v;
   memcpy(&v, &raw, sizeof(v));
   return v;
+}
+
+// The block's partial row from its groups' column sums (`columns`: [group][weight | bias][cols], in shared
+// memory or global scratch), added in group order: the same bits on every run.
+template <unsigned BLOCK, unsigned kGroups, typename acc_t>
+__device__ __forceinline__ void fold_groups(const acc_t* columns, int64_t cols, acc_t* __restrict__ partial) {
+  for (int64_t c = threadIdx.x; c < 2 * cols; c += BLOCK) {
+    acc_t sum = 0;
+    for (unsigned g = 0; g < kGroups; ++g) sum += columns[g * 2 * cols + c];
+    partial[c] = sum;
+  }
 }
 
 template <typename Tuning, unsigned GROUP, unsigned BLOCK, int ITEMS, RowSource kSource, typename scalar_t,
@@ -139,38 +152,23 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
   // The block's partial row: weight sums, then bias sums, each element-major (element e of vector i at
   // e * vectors + i), so that a warp's stores of one element fill whole sectors; column_fold_kernel maps
   // them back. (Column order, a thread's 8 or 4 consecutive floats, cost 8 or 4 partial-sector stores an
-  // element: H200, bfloat16 1024x2560, graph replay: 35.0 us for the backward then, 13.3 us now.) Several groups (warp rows) meet in shared memory first, without bank conflicts in this
-  // order, and are added in group order.
+  // element: H200, bfloat16 1024x2560, graph replay: 35.0 us for the backward then, 13.3 us now.) Several
+  // groups (warp rows) meet in shared memory first, without bank conflicts in this order.
   acc_t* const partial = partials + blockIdx.x * (2 * cols);
-  if constexpr (kGroups == 1) {
+  acc_t* const columns = kGroups == 1 ? partial : reinterpret_cast<acc_t*>(shared_bytes) + group * 2 * cols;
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t i = t + static_cast<int64_t>(k) * GROUP;
-      if (i >= vectors) continue;
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t i = t + static_cast<int64_t>(k) * GROUP;
+    if (i >= vectors) continue;
 #pragma unroll
-      for (int e = 0; e < kSize; ++e) {
-        partial[e * vectors + i] = dw[k][e];
-        partial[cols + e * vectors + i] = db[k][e];
-      }
+    for (int e = 0; e < kSize; ++e) {
+      columns[e * vectors + i] = dw[k][e];
+      columns[cols + e * vectors + i] = db[k][e];
     }
-  } else {
-    acc_t* const columns = reinterpret_cast<acc_t*>(shared_bytes);  // [group][weight | bias][cols]
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t i = t + static_cast<int64_t>(k) * GROUP;
-      if (i >= vectors) continue;
-#pragma unroll
-      for (int e = 0; e < kSize; ++e) {
-        columns[group * 2 * cols + e * vectors + i] = dw[k][e];
-        columns[group * 2 * cols + cols + e * vectors + i] = db[k][e];
-      }
-    }
+  }
+  if constexpr (kGroups > 1) {
     __syncthreads();
-    for (int64_t c = threadIdx.x; c < 2 * cols; c += BLOCK) {
-      acc_t sum = 0;
-      for (unsigned g = 0; g < kGroups; ++g) sum += columns[g * 2 * cols + c];
-      partial[c] = sum;
-    }
+    fold_groups<BLOCK, kGroups>(reinterpret_cast<const acc_t*>(shared_bytes), cols, partial);
   }
 }
 
@@ -222,12 +220,7 @@ __global__ void __launch_bounds__(BLOCK)
   }
   if (column_sums) {
     __syncthreads();
-    acc_t* const partial = partials + blockIdx.x * (2 * cols);
-    for (int64_t c = threadIdx.x; c < 2 * cols; c += BLOCK) {
-      acc_t s = 0;
-      for (unsigned g = 0; g < kGroups; ++g) s += columns[g * 2 * cols + c];
-      partial[c] = s;
-    }
+    fold_groups<BLOCK, kGroups>(columns, cols, partials + blockIdx.x * (2 * cols));
   }
 }
 

@@ -16,10 +16,7 @@ namespace torch_reduce::cuda {
 // Hopper (sm_90): tuned on an H200 (132 SMs). A number a measurement chose says which; the others are the
 // design's (a register budget, a vector width), not a measurement's.
 struct HopperTuning {
-  // ---- Whole-tensor reductions (full_reduce.cuh) --------------------------------------------------------
-  static constexpr int kUnroll = 4;  // 16-byte loads in flight per thread and iteration
-
-  // ---- Dimension reductions (dim_reduce.cu) -------------------------------------------------------------
+  // ---- Dimension reductions (dim_reduce_kernels.cuh) ---------------------------------------------------
   static constexpr unsigned kDimBlock = 256;  // every row and column kernel
   // Rows up to this many 16-byte vectors get 1..32 lanes (at most 8 vectors a lane); longer rows a block each.
   static constexpr int64_t kMaxGroupRowVectors = 32 * 8;
@@ -28,6 +25,10 @@ struct HopperTuning {
   // A split of a long row keeps each of the block's threads busy for at least this many vectors.
   static constexpr int64_t kMinVectorsPerThread = 8;
   static constexpr int kColumnLoadsInFlight = 4;  // column kernel: rows a thread loads before adding any
+  // Rows shorter than this many bytes are read as tiles of whole rows through shared memory, kTileVectors
+  // 16-byte vectors a thread: a lane a row kept one 8-byte load in flight ((2^27, 2) over dim -1: 1336 GB/s).
+  static constexpr int64_t kTileRowBytes = 64;
+  static constexpr int kTileVectors = 4;
   // A split of the reduced extent keeps each column thread busy for at least this many rows.
   static constexpr int64_t kMinRowsPerThread = 8;
 
@@ -78,10 +79,6 @@ struct HopperTuning {
 using AmpereTuning = HopperTuning;     // sm_80, sm_86: unmeasured
 using AdaTuning = HopperTuning;        // sm_89: unmeasured
 using BlackwellTuning = HopperTuning;  // sm_100, sm_120: unmeasured
-
-// The kernels whose launches are not yet dispatched through with_tuning (full_reduce.cuh, dim_reduce.cu)
-// compile with these numbers on every architecture.
-using UndispatchedTuning = HopperTuning;
 
 enum class Architecture { Ampere, Ada, Hopper, Blackwell };
 

@@ -1,0 +1,354 @@
+#pragma once
+// The dim reductions' CUDA kernels and their launch (dim_reduce.h's table on the GPU), over the normal form
+// (B, K, N), every one through the same kernels, driven by its ops object (common/reduce_ops.h):
+//   B * N == 1: the whole tensor, launch_device_reduce (full_reduce.cuh), single pass;
+//   N == 1:     rows of K contiguous elements. Narrow rows: tiles of whole rows through shared memory; short
+//               rows: G lanes per row (G = 1..32, from K), several rows per warp, warp_reduce<G>; long rows:
+//               one block per row, block_reduce; long rows but few of them: each row split over several
+//               blocks, partials folded by a second kernel;
+//   N > 1:      columns: each thread owns 1 or 4 adjacent columns and walks K; the block's threadIdx.y
+//               slices are folded through shared memory; K split over blockIdx.y when B * N cannot fill
+//               the GPU.
+// Split partials (rows or columns) are folded by a second launch: the column kernel over (splits, outputs).
+// Every fold has a fixed order and no atomics: the same input gives the same bits on every run. Block
+// sizes, lanes and splits are the current device's architecture's (tuning.h, with_tuning).
+#include <ATen/cuda/CUDAContext.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "common/dispatch.h"
+#include "cuda/block_reduce.cuh"
+#include "cuda/dim_reduce_launch.h"
+#include "cuda/full_reduce.cuh"
+#include "cuda/tuning.h"
+
+namespace torch_reduce::cuda::dim {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// How many blocks of `kernel` (Tuning::kDimBlock threads) the GPU runs at once: one wave.
+template <typename Tuning, typename Kernel>
+int64_t resident_blocks(Kernel kernel) {
+  return resident_blocks_per_sm(kernel, Tuning::kDimBlock) * multiprocessors();
+}
+
+// Into how many splits to cut the reduced extent when `blocks` blocks cover the outputs once. Equal
+// blocks finish in waves of `resident`: the time goes as ceil(blocks * s / resident) / s, so (8192, 1024)
+// over dim 0, 8 blocks, gets a whole wave's worth of splits, and 1.2 waves of blocks get 5 splits (1.2
+// waves, not 2). The fewest splits within 2% of the best; at most max_splits (work per thread).
+inline int64_t choose_splits(int64_t blocks, int64_t resident, int64_t max_splits) {
+  const int64_t limit = std::min<int64_t>({max_splits, 65535, std::max<int64_t>(64, 4 * ceil_div(resident, blocks))});
+  const auto time = [&](int64_t s) { return static_cast<double>(ceil_div(blocks * s, resident)) / static_cast<double>(s); };
+  double best_time = time(1);
+  for (int64_t s = 2; s <= limit; ++s) best_time = std::min(best_time, time(s));
+  int64_t s = 1;
+  while (time(s) > 1.02 * best_time) ++s;
+  return s;
+}
+
+inline int64_t next_power_of_two(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// ------------------------------------------------------------------------------------------ rows ----
+
+// G lanes per row, 32 / G rows per warp; each lane folds its share of the row with thread_reduce (16-byte
+// loads on the row's aligned body, single loads for the few elements around it). Whole warps iterate
+// together, so every lane reaches the shuffles even past the last row.
+// one_vector_per_lane: every row is exactly G aligned 16-byte vectors (K = 32 floats, G = 8), so the rows
+// are one run of vectors; each lane then loads one vector of kRowSets rows before folding any, which
+// keeps kRowSets loads in flight per thread where the short rows would otherwise allow one.
+template <typename Tuning, unsigned G, typename scalar_t, typename acc_t, typename out_t, typename Ops>
+__global__ void __launch_bounds__(Tuning::kDimBlock)
+    row_group_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t K, bool one_vector_per_lane,
+                     out_t* __restrict__ out, Ops ops) {
+  constexpr int64_t kRowsPerWarp = kWarpSize / G;
+  constexpr int kRowSets = Tuning::kRowSets;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * Tuning::kDimBlock + threadIdx.x) / kWarpSize;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (Tuning::kDimBlock / kWarpSize);
+  const unsigned lane = threadIdx.x % G;
+  const int64_t group_in_warp = (threadIdx.x % kWarpSize) / G;
+  if (one_vector_per_lane) {
+    using V = Vec16<scalar_t>;
+    const V* vectors = reinterpret_cast<const V*>(in);
+    for (int64_t first = warp * kRowsPerWarp * kRowSets; first < rows; first += warps * kRowsPerWarp * kRowSets) {
+      V v[kRowSets];
+#pragma unroll
+      for (int u = 0; u < kRowSets; ++u) {
+        const int64_t row = first + u * kRowsPerWarp + group_in_warp;
+        if (row < rows) v[u] = load_vector(vectors + row * G + lane);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowSets; ++u) {
+        const int64_t row = first + u * kRowsPerWarp + group_in_warp;
+        acc_t a = row < rows ? fold_vector<acc_t>(v[u], ops) : Ops::identity();
+        a = warp_reduce<G>(a, ops);
+        if (lane == 0 && row < rows) out[row] = static_cast<out_t>(project_result(ops, a));
+      }
+    }
+    return;
+  }
+  for (int64_t first = warp * kRowsPerWarp; first < rows; first += warps * kRowsPerWarp) {
+    const int64_t row = first + group_in_warp;
+    acc_t v = row < rows ? thread_reduce<acc_t>(in + row * K, K, lane, G, ops) : Ops::identity();
+    v = warp_reduce<G>(v, ops);
+    if (lane == 0 && row < rows) out[row] = static_cast<out_t>(project_result(ops, v));
+  }
+}
+
+// Narrow rows (K elements, fewer than kTileRowBytes bytes): a lane per row would keep one or two small loads
+// in flight. Instead a block reads a tile of kTileRows whole rows, one contiguous run of 16-byte vectors
+// (kTileVectors a thread, all issued before any is used), into shared memory; then each thread folds its
+// rows from there, left to right from the identity (the CPU kernel's order), and writes them. The tile's
+// rows are a multiple of the vector width, so every tile starts aligned.
+template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
+__global__ void __launch_bounds__(Tuning::kDimBlock)
+    row_tile_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t K, int64_t tile_rows,
+                    out_t* __restrict__ out, Ops ops) {
+  using V = Vec16<scalar_t>;
+  constexpr int kTileVectors = Tuning::kTileVectors;
+  __shared__ V tile[Tuning::kDimBlock * kTileVectors];
+  const scalar_t* const elements = reinterpret_cast<const scalar_t*>(tile);
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * tile_rows; first < rows;
+       first += static_cast<int64_t>(gridDim.x) * tile_rows) {
+    const int64_t tile_rows_here = rows - first < tile_rows ? rows - first : tile_rows;
+    const int64_t count = tile_rows_here * K;  // elements
+    const int64_t vectors = count / V::kSize;
+    const V* source = reinterpret_cast<const V*>(in + first * K);
+    V v[kTileVectors];
+#pragma unroll
+    for (int u = 0; u < kTileVectors; ++u) {
+      const int64_t i = threadIdx.x + u * Tuning::kDimBlock;
+      if (i < vectors) v[u] = load_vector(source + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kTileVectors; ++u) {
+      const int64_t i = threadIdx.x + u * Tuning::kDimBlock;
+      if (i < vectors) tile[i] = v[u];
+    }
+    // The last tile's few elements past its last whole vector.
+    scalar_t* const tail = reinterpret_cast<scalar_t*>(tile);
+    for (int64_t j = vectors * V::kSize + threadIdx.x; j < count; j += Tuning::kDimBlock) tail[j] = in[first * K + j];
+    __syncthreads();
+    for (int64_t r = threadIdx.x; r < tile_rows_here; r += Tuning::kDimBlock) {
+      acc_t a = Ops::identity();
+      for (int64_t k = 0; k < K; ++k) a = ops(a, load_element<acc_t>(ops, elements[r * K + k]));
+      out[first + r] = static_cast<out_t>(project_result(ops, a));
+    }
+    __syncthreads();  // the tile is read before the next one lands
+  }
+}
+
+// One block per (row, split): blockIdx.y picks the split [y * chunk, (y + 1) * chunk) of every row.
+// One split: the result; several: partials[y][row], folded by a column reduction.
+template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
+__global__ void __launch_bounds__(Tuning::kDimBlock)
+    row_block_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t K, int64_t chunk,
+                     acc_t* __restrict__ partials, out_t* __restrict__ out, Ops ops) {
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t length = K - begin < chunk ? K - begin : chunk;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    acc_t v = thread_reduce<acc_t>(in + row * K + begin, length, threadIdx.x, Tuning::kDimBlock, ops);
+    v = block_reduce<Tuning::kDimBlock>(v, ops);
+    if (threadIdx.x == 0) {
+      if (gridDim.y == 1) out[row] = static_cast<out_t>(project_result(ops, v));
+      else partials[blockIdx.y * rows + row] = v;
+    }
+    __syncthreads();  // block_reduce's shared memory is reused by the next row
+  }
+}
+
+// The fold of split partials, partials[split][output], is itself a column reduction: (1, splits, outputs),
+// with partials_ops (the partials are transformed already).
+template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
+void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out_t* out, Ops ops,
+                    const at::TensorOptions& options, cudaStream_t stream);
+
+template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
+void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops ops, const at::TensorOptions& options,
+                 cudaStream_t stream) {
+  constexpr int64_t kVector = Vec16<scalar_t>::kSize;
+  const int64_t vectors = ceil_div(K, kVector);
+  if (K * int64_t{sizeof(scalar_t)} < Tuning::kTileRowBytes &&
+      reinterpret_cast<uintptr_t>(in) % sizeof(Vec16<scalar_t>) == 0) {
+    constexpr int64_t kTileElements = int64_t{Tuning::kDimBlock} * Tuning::kTileVectors * kVector;
+    const int64_t tile_rows = kTileElements / K / kVector * kVector;  // whole rows, a multiple of the vector width
+    auto kernel = row_tile_kernel<Tuning, scalar_t, acc_t, out_t, Ops>;
+    const int64_t grid = std::min(ceil_div(rows, tile_rows), resident_blocks<Tuning>(kernel));  // one wave, tiles strided
+    kernel<<<grid, Tuning::kDimBlock, 0, stream>>>(in, rows, K, tile_rows, out, ops);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  if (vectors <= Tuning::kMaxGroupRowVectors) {
+    // One vector per lane up to 32 lanes (K = 32 floats: 8 lanes, 4 rows per warp); then more per lane.
+    const int64_t lanes = std::min<int64_t>(kWarpSize, next_power_of_two(vectors));
+    const bool one_vector_per_lane =
+        K == lanes * kVector && reinterpret_cast<uintptr_t>(in) % sizeof(Vec16<scalar_t>) == 0;
+    with_power_of_two<1, 32>(lanes, [&](auto g) {
+      constexpr unsigned G = decltype(g)::value;
+      auto kernel = row_group_kernel<Tuning, G, scalar_t, acc_t, out_t, Ops>;
+      const int64_t grid = std::min(ceil_div(rows, Tuning::kDimBlock / G), resident_blocks<Tuning>(kernel) * 32);  // grid-stride beyond
+      kernel<<<grid, Tuning::kDimBlock, 0, stream>>>(in, rows, K, one_vector_per_lane, out, ops);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    return;
+  }
+  // One block per row; few long rows (32 x 2^24) cannot fill the GPU that way: split them too.
+  auto kernel = row_block_kernel<Tuning, scalar_t, acc_t, out_t, Ops>;
+  const int64_t row_blocks = std::min<int64_t>(rows, std::numeric_limits<int32_t>::max());
+  int64_t splits = choose_splits(row_blocks, resident_blocks<Tuning>(kernel),
+                                 std::max<int64_t>(1, vectors / (Tuning::kDimBlock * Tuning::kMinVectorsPerThread)));
+  const int64_t chunk = ceil_div(vectors, splits) * kVector;  // whole vectors: every split starts aligned
+  splits = ceil_div(K, chunk);
+  at::Tensor partials;
+  acc_t* partial_ptr = nullptr;
+  if (splits > 1) {
+    partials = at::empty({splits * rows * static_cast<int64_t>(sizeof(acc_t))}, options.dtype(at::kByte));
+    partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
+  }
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
+  kernel<<<grid, Tuning::kDimBlock, 0, stream>>>(in, rows, K, chunk, partial_ptr, out, ops);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (splits > 1) {
+    launch_columns<Tuning, acc_t, acc_t>(partial_ptr, 1, splits, rows, out, partials_ops(ops), options, stream);
+  }
+}
+
+// ---------------------------------------------------------------------------------------- columns ----
+
+// C adjacent elements in one load (C * sizeof(scalar_t) bytes, aligned to that).
+template <int C, typename scalar_t>
+struct alignas(C * sizeof(scalar_t)) Columns {
+  scalar_t value[C];
+};
+
+// Thread (x, y) of a (bx, by) block owns C adjacent columns of one slab b (group = blockIdx.x * bx + x)
+// and folds rows y, y + by, ... of its split [blockIdx.y * rows_per_split, ...) of K; the by slices are
+// then folded pairwise in shared memory. One split: the result; several: partials[split][b * N + n].
+template <typename Tuning, int C, typename scalar_t, typename acc_t, typename out_t, typename Ops>
+__global__ void __launch_bounds__(Tuning::kDimBlock)
+    column_kernel(const scalar_t* __restrict__ in, int64_t outer, int64_t K, int64_t N, int64_t rows_per_split,
+                  acc_t* __restrict__ partials, out_t* __restrict__ out, Ops ops) {
+  using Load = Columns<C, scalar_t>;
+  const int64_t groups_per_slab = N / C;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool active = group < outer * groups_per_slab;
+  const int64_t b = group / groups_per_slab, n = (group % groups_per_slab) * C;
+  const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t k_end = k_begin + rows_per_split < K ? k_begin + rows_per_split : K;
+  const int64_t step = blockDim.y;
+
+  acc_t acc[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) acc[c] = Ops::identity();
+  if (active) {
+    const scalar_t* column = in + b * K * N + n;
+    int64_t k = k_begin + threadIdx.y;
+    constexpr int kInFlight = Tuning::kColumnLoadsInFlight;
+    for (; k + (kInFlight - 1) * step < k_end; k += kInFlight * step) {
+      Load v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) v[u] = *reinterpret_cast<const Load*>(column + (k + u * step) * N);
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u)
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c] = ops(acc[c], load_element<acc_t>(ops, v[u].value[c]));
+    }
+    for (; k < k_end; k += step) {
+      const Load v = *reinterpret_cast<const Load*>(column + k * N);
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[c] = ops(acc[c], load_element<acc_t>(ops, v.value[c]));
+    }
+  }
+
+  __shared__ acc_t slices[Tuning::kDimBlock][C];
+  const unsigned slot = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int c = 0; c < C; ++c) slices[slot][c] = acc[c];
+  __syncthreads();
+  for (unsigned s = blockDim.y / 2; s > 0; s >>= 1) {
+    if (threadIdx.y < s) {
+#pragma unroll
+      for (int c = 0; c < C; ++c) slices[slot][c] = ops(slices[slot][c], slices[slot + s * blockDim.x][c]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y != 0 || !active) return;
+  const int64_t first_output = b * N + n;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    if (gridDim.y == 1) out[first_output + c] = static_cast<out_t>(project_result(ops, slices[slot][c]));
+    else partials[blockIdx.y * outer * N + first_output + c] = slices[slot][c];
+  }
+}
+
+template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
+void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out_t* out, Ops ops,
+                    const at::TensorOptions& options, cudaStream_t stream) {
+  // Four columns a thread when every slab's row starts at a multiple of four elements (one 16-byte load
+  // for float32), else one.
+  constexpr int kFour = 4;
+  const bool four = N % kFour == 0 && reinterpret_cast<uintptr_t>(in) % (kFour * sizeof(scalar_t)) == 0;
+  const int64_t groups = outer * N / (four ? kFour : 1);
+  // Slices of K (by): as many as leave each thread kColumnLoadsInFlight rows, at most Tuning::kDimBlock / 32; the rest of
+  // the block takes more columns. (7, 2^20) over dim 0: 2 slices of 128 columns, not 8 slices of which 1 idles.
+  constexpr int64_t kInFlight = Tuning::kColumnLoadsInFlight;
+  const int64_t by = std::min<int64_t>(Tuning::kDimBlock / std::min<int64_t>(kWarpSize, next_power_of_two(groups)),
+                                       next_power_of_two(ceil_div(K, kInFlight)));
+  const int64_t bx = std::min<int64_t>(Tuning::kDimBlock / by, next_power_of_two(groups));
+  const int64_t blocks = ceil_div(groups, bx);
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many columns for one launch");
+  auto kernel = four ? column_kernel<Tuning, kFour, scalar_t, acc_t, out_t, Ops>
+                     : column_kernel<Tuning, 1, scalar_t, acc_t, out_t, Ops>;
+  int64_t splits = choose_splits(blocks, resident_blocks<Tuning>(kernel), std::max<int64_t>(1, K / (by * Tuning::kMinRowsPerThread)));
+  const int64_t rows_per_split = ceil_div(K, splits);
+  splits = ceil_div(K, rows_per_split);
+  at::Tensor partials;
+  acc_t* partial_ptr = nullptr;
+  if (splits > 1) {
+    partials = at::empty({splits * outer * N * static_cast<int64_t>(sizeof(acc_t))}, options.dtype(at::kByte));
+    partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
+  }
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));
+  const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(by));
+  kernel<<<grid, block, 0, stream>>>(in, outer, K, N, rows_per_split, partial_ptr, out, ops);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (splits > 1) {  // splits <= K / 8: the fold's own splits, if any, are fewer again
+    launch_columns<Tuning, acc_t, acc_t>(partial_ptr, 1, splits, outer * N, out, partials_ops(ops), options, stream);
+  }
+}
+
+// ---------------------------------------------------------------------------------------- the launch ----
+
+template <typename scalar_t>
+void launch_dim_reduction(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor& out) {
+  using acc_t = acc_type<scalar_t>;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  with_tuning([&](auto tuning) {
+    using Tuning = decltype(tuning);
+    with_stage_ops<scalar_t>(kind, [&](auto ops, auto out_type, auto whole) {
+      using out_t = typename decltype(out_type)::type;
+      const scalar_t* in = p.input.const_data_ptr<scalar_t>();
+      out_t* result = out.mutable_data_ptr<out_t>();
+      if (p.outer * p.inner == 1) {
+        if constexpr (decltype(whole)::value) {
+          launch_device_reduce<Tuning::kDimBlock, scalar_t, acc_t>(in, p.reduced, result, ops, true, out.device());
+        } else {
+          TORCH_CHECK(false, "torch_reduce: a stage of a split reduction covered the whole tensor");
+        }
+      } else if (p.inner == 1) {
+        launch_rows<Tuning, scalar_t, acc_t>(in, p.outer, p.reduced, result, ops, out.options(), stream);
+      } else {
+        launch_columns<Tuning, scalar_t, acc_t>(in, p.outer, p.reduced, p.inner, result, ops, out.options(), stream);
+      }
+    });
+  });
+}
+
+#define TORCH_REDUCE_INSTANTIATE_DIM_REDUCTION(T) \
+  template void launch_dim_reduction<T>(const ReduceKind&, const ReduceProblem&, const at::Tensor&);
+
+}  // namespace torch_reduce::cuda::dim

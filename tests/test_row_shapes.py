@@ -1,0 +1,89 @@
+"""The reductions over one dim at the shapes with their own kernel paths: narrow rows (a few elements: read as
+tiles of whole rows through shared memory on the GPU), few long rows over dim 0 (the column kernel with one or
+two slices of the reduced extent), and any shape and set of dims (hypothesis), against torch in float64.
+"""
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import torch_reduce
+from conftest import DEVICES, random_tensor, requires_cuda
+
+TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}
+
+
+def _check_sum_like(x, dim, got_sum, got_amax):
+    source = x.double()
+    want = source.sum(dim)
+    scale = source.abs().sum(dim)
+    assert got_sum.shape == want.shape and got_sum.dtype == x.dtype
+    assert bool(((got_sum.double() - want).abs() <= TOL[x.dtype] * (scale + want.abs())).all()), (x.shape, dim)
+    assert torch.equal(got_amax, torch.amax(x, dim)), (x.shape, dim)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("K", [1, 2, 3, 5, 7, 8, 15, 16, 31])
+def test_narrow_rows(K, dtype, device):
+    """Rows counts around a tile's (hundreds of rows), the last tile partial; and an input 4 bytes past a
+    16-byte boundary (the tiles need aligned vectors: the row-group kernel takes it)."""
+    for rows in (1, 5, 271, 4099, 20011):
+        x = random_tensor((rows, K), dtype, device)
+        _check_sum_like(x, -1, torch_reduce.sum(x, -1), torch_reduce.amax(x, -1))
+    storage = random_tensor((4099 * K + 1,), dtype, device)
+    x = storage[1:].view(4099, K)
+    _check_sum_like(x, -1, torch_reduce.sum(x, -1), torch_reduce.amax(x, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool], ids=str)
+@pytest.mark.parametrize("K", [1, 3, 7, 13])
+def test_narrow_integer_rows(K, dtype, device):
+    x = random_tensor((9001, K), dtype, device)
+    assert torch.equal(torch_reduce.sum(x, -1), torch.sum(x, -1))
+    assert torch.equal(torch_reduce.amin(x, -1), torch.amin(x, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K", [1, 2, 3, 4, 5, 7, 8, 9, 33])
+@pytest.mark.parametrize("N", [1, 3, 4, 1000, 4096])
+def test_few_rows_over_dim_0(K, N, device):
+    x = random_tensor((K, N), torch.float32, device)
+    _check_sum_like(x, 0, torch_reduce.sum(x, 0), torch_reduce.amax(x, 0))
+    assert torch.allclose(torch_reduce.mean(x, 0).double(), x.double().mean(0), rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=5), data=st.data())
+def test_any_shape_layout_and_dims(shape, data):
+    """Random shapes, dims and layouts (contiguous, permuted, a step in one dim) against torch in float64."""
+    device = data.draw(st.sampled_from(DEVICES))
+    ndim = len(shape)
+    dims = tuple(sorted(data.draw(st.sets(st.integers(0, ndim - 1), min_size=1, max_size=ndim))))
+    order = data.draw(st.permutations(range(ndim)))
+    step_dim = data.draw(st.sampled_from([None, *range(ndim)]))  # every other element of one dim: a gap
+    stored = [shape[i] * (2 if i == step_dim else 1) for i in range(ndim)]
+    x = random_tensor([stored[i] for i in order], torch.float32, device).permute([order.index(i) for i in range(ndim)])
+    if step_dim is not None:
+        x = x[tuple(slice(None, None, 2) if i == step_dim else slice(None) for i in range(ndim))]
+    keepdim = data.draw(st.booleans())
+    source = x.double()
+    for name in ("sum", "mean", "amax"):
+        got = getattr(torch_reduce, name)(x, dims, keepdim)
+        want = getattr(torch, name)(source, dims, keepdim)
+        scale = source.abs().sum(dims, keepdim) / (math.prod(x.shape[d] for d in dims) if name == "mean" else 1)
+        assert got.shape == want.shape, (name, x.shape, dims)
+        assert bool(((got.double() - want).abs() <= 2e-6 * (scale + want.abs())).all()), (name, x.shape, dims)
+
+
+@requires_cuda
+def test_narrow_rows_deterministic_and_large():
+    """(2^27, 2) and (2^20, 7) over dim -1: right, and the same bits on every run."""
+    for shape in ((2**27, 2), (2**20, 7)):
+        x = torch.randn(shape, device="cuda")
+        first = torch_reduce.sum(x, -1)
+        assert torch.equal(first, torch_reduce.sum(x, -1))
+        assert torch.allclose(first.double(), x.double().sum(-1), rtol=1e-6, atol=1e-6)
