@@ -1,4 +1,7 @@
-"""torch_reduce.sum/mean/amax/amin against torch: same values, dtypes, shapes and errors."""
+"""torch_reduce.sum/mean/amax/amin against torch: same values, dtypes, shapes and errors, over drawn shapes,
+dims, dtypes and views, and on every kernel path. The contract suite (tests/test_op_contract.py, from the specs
+in tests/op_specs.py) runs the rest: autograd, opcheck, compile, bad inputs, determinism, > 2^31 elements,
+streams, CUDA graphs and two GPUs."""
 import math
 
 import pytest
@@ -45,6 +48,11 @@ def assert_like_torch(name, x, got, want, *args, **kwargs):
     bound = ACCUMULATE_RTOL.get(got.dtype, DEFAULT_ACCUMULATE_RTOL) * scale
     if got.dtype in (torch.float16, torch.bfloat16):
         bound = bound + torch.finfo(got.dtype).eps * want.double().abs()
+        # torch's CPU kernel rounds partial sums to a 16-bit dtype= (sum(x, (2, 0), dtype=bfloat16) of 8 normals
+        # can be 3 ulps off): allow its own distance from the exact sum of the cast values too.
+        plain = {k: v for k, v in kwargs.items() if k != "dtype"}
+        exact = getattr(torch, name)(x.to(got.dtype).double(), *args, **plain)
+        bound = bound + (want.double() - exact).abs()
     g, w = got.double(), want.double()
     ok = (g - w).abs() <= bound
     ok |= (g == w) | (g.isnan() & w.isnan())  # infinities and NaN: the same value
@@ -128,24 +136,6 @@ def test_dims_and_keepdim(name, device):
     for dim in ((), None) if name in ("sum", "mean") else ((),):
         assert check(name, x, dim).shape == ()
         assert check(name, x, dim, True).shape == (1, 1, 1)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", OPS)
-def test_errors(name, device):
-    x = random_tensor((3, 4), torch.float32, device)
-    with pytest.raises(IndexError, match="out of range"):
-        ours(name)(x, 2)
-    with pytest.raises(IndexError, match="out of range"):
-        ours(name)(x, (0, -3))
-    with pytest.raises(RuntimeError, match="appears multiple times"):
-        ours(name)(x, (0, -2))
-    with pytest.raises(IndexError, match="out of range"):
-        ours(name)(torch.tensor(2.0, device=device), 1)
-    with pytest.raises(RuntimeError, match="unsupported dtype"):
-        ours(name)(torch.ones(3, dtype=torch.complex64, device=device))
-    for args in ((2,), ((0, -2),), ((0, 0),)):
-        check(name, x, *args)  # and torch raises the same type
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -244,28 +234,18 @@ def test_layouts(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    x = random_tensor((5, 6, 7), torch.float32, device).requires_grad_()
-    h = random_tensor((9, 4), torch.float16, device)
+def test_opcheck_integer_inputs(device):
+    """Integer inputs and dtype= on them (the contract suite's samples are floating point)."""
     i = random_tensor((9, 4), torch.int32, device)
     cases = {
-        "sum": [((x, [1], False), {}), ((x, None, True), {}), ((h, [0, -1], False), {"dtype": torch.float32}),
-                ((i, [1], True), {})],
-        "mean": [((x, [0, 2], True), {}), ((x, None, False), {}), ((i, [0], False), {"dtype": torch.float64})],
-        "amax": [((x, [1], False), {}), ((x, [], True), {}), ((i, [0], False), {})],
-        "amin": [((x, [2, 0], True), {}), ((h, [], False), {}), ((i, [1], False), {})],
+        "sum": [((i, [1], True), {}), ((i, None, False), {"dtype": torch.float32})],
+        "mean": [((i, [0], False), {"dtype": torch.float64})],
+        "amax": [((i, [0], False), {})],
+        "amin": [((i, [1], False), {}), ((i.to(torch.int8), [], True), {})],
     }
     for name, samples in cases.items():
         for args, kwargs in samples:
             torch.library.opcheck(getattr(torch.ops.reduce, name), args, kwargs)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", OPS)
-def test_gradcheck(name, device):
-    x = random_tensor((4, 5, 3), torch.float64, device).requires_grad_()
-    for dim, keepdim in ((1, False), ((0, 2), True), ((), False)):
-        assert torch.autograd.gradcheck(lambda t: ours(name)(t, dim, keepdim), (x,))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -290,17 +270,6 @@ def test_sum_and_mean_gradients(device):
     out.backward(torch.ones_like(out))
     torch.testing.assert_close(x.grad, torch.full_like(x, 1.25))
     assert x.grad.dtype == torch.float32
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_compile_fullgraph(device):
-    def f(x):
-        return (torch_reduce.sum(x, 1) + torch_reduce.mean(x, -1, dtype=torch.float64).float()
-                + torch_reduce.amax(x, (1,)) - torch_reduce.amin(x, 1) + torch_reduce.sum(x * 2))
-
-    x = random_tensor((33, 65), torch.float32, device)
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
-    torch.testing.assert_close(compiled(x), f(x))
 
 
 # ------------------------------------------------------------------------------------------- GPU only ----
@@ -329,55 +298,6 @@ def test_cuda_matches_cpu_reference():
         x = random_tensor(shape, torch.float64, "cpu")
         for name in OPS:
             torch.testing.assert_close(ours(name)(x.cuda(), dim).cpu(), ours(name)(x, dim), rtol=1e-12, atol=1e-12)
-
-
-@requires_cuda
-def test_cuda_deterministic():
-    cases = [((2**20, 32), 0), ((32, 2**20), 1), ((2**20, 32), 1), ((4096, 768), 0), ((3000, 5000), 1), ((2**22,), ())]
-    for shape, dim in cases:
-        x = random_tensor(shape, torch.float32, "cuda")
-        for name in OPS:
-            first = ours(name)(x, dim)
-            assert all(torch.equal(first, ours(name)(x, dim)) for _ in range(100)), (name, shape, dim)
-
-
-@requires_cuda
-def test_cuda_more_than_2_31_elements():
-    x = torch.randint(-100, 100, (2**20 + 1, 2**11 + 3), dtype=torch.int8, device="cuda")
-    assert x.numel() > 2**31
-    assert torch.equal(torch_reduce.sum(x, 0), torch.sum(x, 0))
-    assert torch_reduce.sum(x).item() == torch.sum(x).item()
-    assert torch.equal(torch_reduce.amax(x, 1), torch.amax(x, 1))
-
-
-@requires_cuda
-def test_cuda_stream_guard_and_graph():
-    x = random_tensor((2**20, 32), torch.float32, "cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())  # x is written on the current stream
-    with torch.cuda.stream(stream):
-        on_side_stream = [ours(name)(x, 0) for name in OPS]
-    stream.synchronize()
-    assert all(torch.equal(a, ours(name)(x, 0)) for a, name in zip(on_side_stream, OPS))
-    # No host synchronisation inside the ops (split partials come from torch's allocator): capturable.
-    static = x.clone()
-    captures = [(0,), (1,), ()]
-    for dim in captures:
-        torch_reduce.sum(static, dim)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = [ours(name)(static, dim) for dim in captures for name in OPS]
-    fresh = random_tensor(static.shape, torch.float32, "cuda")
-    static.copy_(fresh)
-    graph.replay()
-    torch.cuda.synchronize()
-    expected = [ours(name)(fresh, dim) for dim in captures for name in OPS]
-    assert all(torch.equal(a, b) for a, b in zip(captured, expected))
-    if torch.cuda.device_count() > 1:
-        y = random_tensor((100, 300), torch.float32, "cuda:1")
-        for name in OPS:
-            assert ours(name)(y, 0).device == y.device
-            torch.testing.assert_close(ours(name)(y, 0).cpu(), ours(name)(y.cpu(), 0))
 
 
 @requires_cuda

@@ -1,4 +1,7 @@
-"""The ladder ops (torch.ops.reduce.sum_*): correctness against float64, CPU model vs GPU bits, contracts."""
+"""The ladder ops (torch.ops.reduce.sum_*): every size and block size against float64 within the error bound of
+each variant's summation order, every dtype, views, NaN and infinities, and the CPU model's bits on the GPU. The
+contract suite (tests/test_op_contract.py, from the specs in tests/op_specs.py) runs the rest: autograd, opcheck,
+compile, bad inputs (block sizes, dtypes, sparse), determinism, > 2^31 elements, streams, CUDA graphs, two GPUs."""
 import math
 
 import pytest
@@ -100,54 +103,24 @@ def test_empty_nan_inf(name, device):
     assert math.isnan(op(y).item()) and math.isnan(torch.sum(y).item())
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-def test_bad_input(name):
-    op = getattr(torch.ops.reduce, name)
-    with pytest.raises(RuntimeError, match="unsupported dtype"):
-        op(torch.randn(8, dtype=torch.complex64))
-    with pytest.raises(RuntimeError, match="unsupported dtype"):
-        op(torch.ones(8, dtype=torch.uint16))
-    for block in (0, 16, 48, 100, 2048, -256):
-        with pytest.raises(RuntimeError, match=r"power of two in \[32, 1024\]"):
-            op(torch.randn(8), block)
-    # Depending on the torch version the dispatcher refuses a sparse tensor, or the op's own check does.
-    with pytest.raises((NotImplementedError, RuntimeError), match="(?i)sparse"):
-        op(torch.randn(8).to_sparse())
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", VARIANTS)
-def test_opcheck(name, device):
+def test_opcheck_integer_and_empty(name, device):
+    """The inputs the contract suite's float samples leave out: integers (an int64 result) and empty."""
     op = getattr(torch.ops.reduce, name)
-    samples = [
-        (random_tensor((37, 11), torch.float32, device).requires_grad_(), 64),
-        (random_tensor(1000, torch.float16, device), 256),
-        (random_tensor((5, 7), torch.int32, device), 32),
-        (random_tensor(0, torch.float32, device), 128),
-    ]
-    for x, block in samples:
+    for x, block in ((random_tensor((5, 7), torch.int32, device), 32), (random_tensor(0, torch.float32, device), 128)):
         torch.library.opcheck(op, (x, block))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", VARIANTS)
-def test_gradcheck(name, device):
+def test_gradient_is_the_output_gradient_expanded(name, device):
+    """Exactly: every element's gradient is the output's (gradcheck, in the contract suite, to a tolerance)."""
     op = getattr(torch.ops.reduce, name)
     x = random_tensor((6, 9), torch.float64, device).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: op(t, 32), (x,))
     g = torch.randn((), dtype=torch.float64, device=device)
     (grad,) = torch.autograd.grad(op(x, 32), x, g)
     assert torch.equal(grad, g.expand_as(x))
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_compile_fullgraph(device):
-    def f(x):
-        return torch.ops.reduce.sum_seq(x * 2, 128) + torch.ops.reduce.sum_single_pass(x, 512)
-
-    x = random_tensor(4097, torch.float32, device)
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
-    torch.testing.assert_close(compiled(x), f(x))
 
 
 def test_ladder_registry():
@@ -182,47 +155,3 @@ def test_cuda_bits_equal_cpu_model(name, block):
         x = random_tensor(n, torch.float32, "cpu")
         cpu, gpu = op(x, block), op(x.cuda(), block).cpu()
         assert torch.equal(cpu, gpu), (name, n, block, cpu.item(), gpu.item())
-
-
-@requires_cuda
-@pytest.mark.parametrize("name", VARIANTS)
-def test_cuda_more_than_2_31_elements(name):
-    n = 2**31 + 3 * 2**20 + 5
-    x = torch.randint(-100, 100, (n,), dtype=torch.int8, device="cuda")
-    assert getattr(torch.ops.reduce, name)(x).item() == torch.sum(x).item()
-
-
-@requires_cuda
-@pytest.mark.parametrize("name", VARIANTS)
-def test_cuda_stream_guard_and_graph(name):
-    op = getattr(torch.ops.reduce, name)
-    x = random_tensor(3 * 2**20 + 17, torch.float32, "cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())  # x is written on the current stream
-    with torch.cuda.stream(stream):
-        on_side_stream = op(x)
-    stream.synchronize()
-    assert torch.equal(on_side_stream, op(x))
-    # No host synchronisation inside the op: it can be captured, and a replay sees new data.
-    static = x.clone()
-    op(static)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = op(static)
-    fresh = random_tensor(static.numel(), torch.float32, "cuda")
-    static.copy_(fresh)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, op(fresh))
-    if torch.cuda.device_count() > 1:
-        y = random_tensor(10_000, torch.float32, "cuda:1")
-        assert op(y).device == y.device and torch.equal(op(y).cpu(), op(y.cpu()))
-
-
-@requires_cuda
-@pytest.mark.parametrize("name", VARIANTS)
-def test_cuda_deterministic(name):
-    op = getattr(torch.ops.reduce, name)
-    x = random_tensor(2**24 + 3, torch.float32, "cuda")
-    first = op(x)
-    assert all(torch.equal(first, op(x)) for _ in range(100))

@@ -1,11 +1,16 @@
 """Every op of tests/op_specs.py against torch's: values, autograd (gradcheck, double backward, create_graph),
-forward-mode AD, torch.func, opcheck, torch.compile, autocast; and the layer_norm rules for mixed-precision
-parameters and for tensors on other devices.
+forward-mode AD, torch.func, opcheck, torch.compile, autocast; odd sizes and layouts against a float64 reference
+(misaligned, empty, 0-size dims, scalars, views), bad inputs (the specs' error_inputs; device and meta mixes);
+on many-block inputs determinism, the current stream and CUDA graphs (GPU); > 2^31 elements (GPU); two GPUs
+(skipped with fewer); and the layer_norm rules for mixed-precision parameters.
 
-Each test runs all of a spec's samples and lists every failing one (with its arguments) in one failure.
+Each test runs all of a spec's samples and lists every failing one (with its arguments) in one failure. What an
+op cannot do is in its spec (ours_only errors, meta=False where its fake kernel accepts a bad call,
+compile_samples, deterministic), not a skip in a test (torch's own bugs under SELF_CHECK aside).
 """
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -37,13 +42,17 @@ def flat_outputs(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def assert_same(got, want, what="", **tol):
-    """The same structure, and tensors of the same dtype, shape and device with close values. ``tol`` scales
-    with the largest magnitude in ``want`` (sums and their gradients are compared relative to their size)."""
+def assert_same(got, want, what="", scales=None, **tol):
+    """The same structure, and tensors of the same dtype, shape and device with close values. ``tol``'s atol
+    scales with the largest magnitude in ``want`` (sums and their gradients are compared relative to their size),
+    or with ``scales[i]`` for the i-th tensor of ``want`` where that is given (not None): the size of the terms
+    a result sums before they cancel (gradient_scales)."""
     got_leaves, got_spec = tree_flatten(got)
     want_leaves, want_spec = tree_flatten(want)
     assert got_spec == want_spec, f"{what}: structure {got_spec} != torch's {want_spec}"
-    for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+    scales = scales or [None] * len(want_leaves)
+    assert len(scales) == len(want_leaves), f"{what}: {len(scales)} scales for {len(want_leaves)} results"
+    for i, (g, w, scale) in enumerate(zip(got_leaves, want_leaves, scales)):
         if not isinstance(w, torch.Tensor):
             assert g == w, f"{what}[{i}]: {g!r} != torch's {w!r}"
             continue
@@ -51,8 +60,10 @@ def assert_same(got, want, what="", **tol):
         assert (g.dtype, g.shape, g.device) == (w.dtype, w.shape, w.device), \
             f"{what}[{i}]: {g.dtype} {list(g.shape)} {g.device}, torch's {w.dtype} {list(w.shape)} {w.device}"
         t = dict(tol or TOL.get(w.dtype, TOL[torch.float32]))
-        finite = w[w.isfinite()].abs()
-        t["atol"] = t["atol"] * max(1.0, finite.max().item() if finite.numel() else 1.0)
+        if scale is None:
+            finite = w[w.isfinite()].abs()
+            scale = finite.max().item() if finite.numel() else 1.0
+        t["atol"] = t["atol"] * max(1.0, scale)
         torch.testing.assert_close(g, w, equal_nan=True, msg=lambda m: f"{what}[{i}]: {m}", **t)
 
 
@@ -80,6 +91,32 @@ def as_function(op, args, kwargs):
         return op(*a, **k)
 
     return fn, [leaf.requires_grad_() for leaf in leaves]
+
+
+def gradient_scales(op, args, kwargs, cotangents):
+    """For each floating tensor argument (as_function's leaves), the size its gradient is measured against: the
+    largest sum of |terms| in float64, where the terms are the gradient with respect to each element as stored
+    (an expanded tensor's copies apart) and the sum runs over the copies, as the gradient of the compact base
+    sums them. The terms can cancel (16-bit rounding of each is then far more than the sum's size): the sum of
+    their magnitudes is what the rounding scales with."""
+    flat, spec = tree_flatten((args, kwargs))
+    where = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    full = [flat[i].detach().double().requires_grad_() for i in where]  # the expanded copies apart
+    new = list(flat)
+    for i, t in zip(where, full):
+        new[i] = t
+    a, k = tree_unflatten(new, spec)
+    k = {key: torch.float64 if isinstance(v, torch.dtype) and v.is_floating_point else v for key, v in k.items()}
+    outs = flat_outputs(op(*a, **k))
+    grads = torch.autograd.grad(outs, full, [c.double() for c in cotangents], allow_unused=True,
+                                materialize_grads=True)
+    scales = []
+    for i, g in zip(where, grads):
+        copies = [d for d, (n, st) in enumerate(zip(flat[i].shape, flat[i].stride())) if st == 0 and n != 1]
+        terms = g.abs().sum(copies, keepdim=True) if copies else g.abs()
+        finite = terms[terms.isfinite()]
+        scales.append(finite.max().item() if finite.numel() else 1.0)
+    return scales
 
 
 def each_sample(spec, device, dtype, check, requires_grad=True, samples=None):
@@ -306,9 +343,12 @@ def opcheck_calls(op, args, kwargs):
 
 @pytest.mark.skipif(SELF_CHECK, reason="torch's ops are not in torch.ops.reduce")
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,samples", [(torch.float32, None), (torch.float16, 2)], ids=["float32", "float16"])
 @pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
-def test_opcheck(spec, device):
-    each_sample(spec, device, torch.float32, lambda args, kwargs: opcheck_calls(spec.op, args, kwargs))
+def test_opcheck(spec, dtype, samples, device):
+    """Every sample in float32; the first two in float16 (the 16-bit kernels and fake kernels' dtypes)."""
+    each_sample(spec, device, dtype, lambda args, kwargs: opcheck_calls(spec.op, args, kwargs),
+                samples=spec.samples(device, dtype, True)[:samples])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -328,9 +368,8 @@ def test_compile_fullgraph(spec, device):
             results.append((outs, torch.autograd.grad(loss, leaves)))
         assert_same(results[0], results[1], "compiled (outputs, gradients)")
 
-    # The samples of one ladder op are alike: three of them are enough to compile.
-    samples = spec.samples(device, torch.float64, True)
-    each_sample(spec, device, torch.float64, check, samples=samples[:3] if spec.name.startswith("sum_") else samples)
+    samples = spec.samples(device, torch.float64, True)[:spec.compile_samples]
+    each_sample(spec, device, torch.float64, check, samples=samples)
 
 
 # ------------------------------------------------------------------------------------------- autocast ----
@@ -368,7 +407,10 @@ def test_autocast(spec, input_dtype, device, autocast_dtype):
             return
         if isinstance(got, RuntimeError):
             raise got
-        assert_same(got, want, "autocast (outputs, gradients)", **TOL[autocast_dtype])
+        # The gradients against the size of their terms before they cancel: torch rounds each term of, say, an
+        # expanded input's gradient to 16 bits (|x|^(p-1) of vector_norm in bfloat16) where we keep float32.
+        scales = [None] * len(want[0]) + gradient_scales(spec.torch, args, kwargs, grads_out)
+        assert_same(got, want, "autocast (outputs, gradients)", scales=scales, **TOL[autocast_dtype])
 
     each_sample(spec, device, dtype, check)
 
@@ -448,30 +490,7 @@ def test_layer_norm_rejected_dtype_mixes(device, x_dtype, param_dtype):
         layer_norm_ours()(x, (8,), weight, None)
 
 
-# ------------------------------------------------------------------------------ devices, fake kernels ----
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("which", ["weight", "bias", "both"])
-def test_layer_norm_params_on_meta_raise(device, which):
-    x = torch.randn(4, 8, device=device)
-    weight = torch.ones(8, device="meta" if which in ("weight", "both") else device)
-    bias = torch.zeros(8, device="meta" if which in ("bias", "both") else device)
-    with pytest.raises(RuntimeError, match="device"):
-        layer_norm_ours()(x, (8,), weight, bias)
-    if which != "bias":
-        with pytest.raises(RuntimeError, match="device"):
-            layer_norm_ours()(x, (8,), weight)
-
-
-@requires_cuda
-@pytest.mark.parametrize("x_device,param_device", [("cuda", "cpu"), ("cpu", "cuda")])
-def test_layer_norm_params_on_other_device_raise(x_device, param_device):
-    x = torch.randn(4, 8, device=x_device)
-    with pytest.raises(RuntimeError, match="device"):
-        layer_norm_ours()(x, (8,), torch.ones(8, device=param_device), torch.zeros(8, device=x_device))
-    with pytest.raises(RuntimeError, match="device"):
-        layer_norm_ours()(x, (8,), torch.ones(8, device=x_device), torch.zeros(8, device=param_device))
-
+# -------------------------------------------------------------------------------------- fake kernels ----
 
 def _bad_layer_norm_calls():
     """Calls of the registered LayerNorm ops that the CPU kernels reject: (name, op, args)."""
@@ -531,3 +550,368 @@ def test_fake_reductions_raise_like_the_kernels(name):
         else:
             with pytest.raises(expected):
                 op(*meta, **kwargs)
+
+
+# ---------------------------------------------------------------- odd sizes and layouts, float64 reference ----
+
+def upcast_leaves(leaves):
+    return [leaf.detach().double().requires_grad_() for leaf in leaves]
+
+
+def assert_near_reference(got, want, theirs, what, scales, rtol, atol):
+    """got (ours) against want (float64, rounded to torch's dtype), each tensor within rtol * |want| + atol * its
+    scale (gradient_scales, or the largest |want|), plus twice torch's own error there (theirs: torch's result in
+    the same dtype): rounding the dtype forces, never worse than torch's by more than that."""
+    assert len(got) == len(want) == len(theirs) == len(scales), what
+    for i, (g, w, t, scale) in enumerate(zip(got, want, theirs, scales)):
+        assert (g.dtype, g.shape, g.device) == (t.dtype, t.shape, t.device), \
+            f"{what}[{i}]: {g.dtype} {list(g.shape)} {g.device}, torch's {t.dtype} {list(t.shape)} {t.device}"
+        if scale is None:
+            finite = w[w.isfinite()].abs()
+            scale = finite.max().item() if finite.numel() else 1.0
+        g, w, t = g.double(), w.double(), t.double()
+        slack = (t - w).abs().nan_to_num(nan=math.inf)
+        bound = rtol * w.abs() + atol * max(1.0, scale) + 2 * slack
+        ok = ((g - w).abs() <= bound) | (g == w) | (g.isnan() & (w.isnan() | t.isnan()))
+        if not ok.all():
+            k = (~ok).nonzero()[0].tolist()
+            at = tuple(k)
+            raise AssertionError(f"{what}[{i}]: {int((~ok).sum())} of {ok.numel()} elements off, e.g. at {at}: ours "
+                                 f"{g[at].item():.6g}, float64 {w[at].item():.6g}, torch's {t[at].item():.6g} "
+                                 f"(allowed {bound[at].item():.3g})")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_float64_reference(spec, dtype, device):
+    """Every sample and reference input (misaligned storage offsets, empty tensors and 0-size dims, scalars,
+    transposed, stepped and expanded views, odd sizes) in float32, bfloat16 and float16: torch's dtypes and
+    shapes; outputs and gradients of torch's op on the same values in float64, rounded to those dtypes, within a
+    tolerance of the dtype's rounding (scaled to the result, or to the gradient's terms before they cancel) plus
+    twice torch's own error (torch's CPU kernels round some 16-bit intermediates)."""
+    def check(args, kwargs):
+        fn, leaves = as_function(spec.op, args, kwargs)
+        ref, _ = as_function(spec.torch, args, kwargs)
+        leaves64 = upcast_leaves(leaves)
+        theirs_leaves = [leaf.detach().requires_grad_() for leaf in leaves]
+        outs, outs64, theirs = (flat_outputs(f(*ls)) for f, ls in ((fn, leaves), (ref, leaves64),
+                                                                   (ref, theirs_leaves)))
+        cotangents = [torch.randn(o.shape, device=o.device).to(o.dtype) for o in theirs]
+
+        def grads(outputs, inputs):
+            return list(torch.autograd.grad(outputs, inputs, [c.to(o.dtype) for c, o in zip(cotangents, outputs)],
+                                            allow_unused=True, materialize_grads=True))
+
+        got = outs + grads(outs, leaves)
+        want = [o64.to(o.dtype) for o64, o in zip(outs64, theirs)] + \
+               [g64.to(leaf.dtype) for g64, leaf in zip(grads(outs64, leaves64), leaves)]
+        scales = [None] * len(outs) + gradient_scales(spec.torch, args, kwargs, cotangents)
+        assert_near_reference(got, want, [o.detach() for o in theirs] + grads(theirs, theirs_leaves),
+                              "(outputs, gradients) vs float64", scales, **TOL[dtype])
+
+    each_sample(spec, device, dtype, check, samples=spec.reference_samples(device, dtype, True))
+
+
+# ------------------------------------------------------------------------------------------ bad inputs ----
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_error_inputs(spec, device):
+    """Every bad call raises the spec's exception type with its message (torch's first line, where the spec
+    gives none); torch raises the same type; our fake kernels (the call on meta tensors) raise it too."""
+    failures = []
+    for case in spec.error_inputs(device):
+        if SELF_CHECK and case.ours_only:
+            continue
+        call = f"{spec.name}({describe(case.args, case.kwargs)})"
+        match = case.match
+        if not case.ours_only:
+            try:
+                spec.torch(*case.args, **case.kwargs)
+                failures.append(f"{call}: torch raises nothing (mark it ours_only)")
+                continue
+            except case.error as error:
+                match = match if match is not None else "^" + re.escape(str(error).splitlines()[0]) + "$"
+            except Exception as error:  # noqa: BLE001
+                failures.append(f"{call}: torch raises {type(error).__name__}, the spec says {case.error}")
+                continue
+        if SELF_CHECK and case.ours_message:
+            match = None
+        meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in case.args]
+        for where, args in [("", case.args)] + ([(" on meta", meta)] if case.meta and not SELF_CHECK else []):
+            try:
+                spec.op(*args, **case.kwargs)
+                failures.append(f"{call}{where}: no error (wants {case.error})")
+            except case.error as error:
+                first = (str(error).strip().splitlines() or [""])[0]
+                if where == "" and match is not None and not re.search(match, first):
+                    failures.append(f"{call}: {type(error).__name__}: {first!r} does not match {match!r}")
+            except Exception as error:  # noqa: BLE001
+                failures.append(f"{call}{where}: {type(error).__name__} (wants {case.error}): {error}"[:300])
+    assert not failures, f"{len(failures)} bad call(s) misbehave:\n" + "\n".join(failures)
+
+
+def floating_positions(args, kwargs):
+    flat, _ = tree_flatten((args, kwargs))
+    return [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+
+# The specs whose samples take two or more tensors (weight, bias): those can mix devices.
+MIXABLE_SPECS = [s for s in SPECS if any(len(floating_positions(*sample)) > 1 for sample in s.samples("cpu"))]
+TWO_GPUS = torch.cuda.device_count() >= 2
+requires_two_gpus = pytest.mark.skipif(not TWO_GPUS, reason=f"needs two CUDA devices, found "
+                                                            f"{torch.cuda.device_count()}")
+DEVICE_MIXES = [
+    pytest.param("cpu", "meta", id="cpu-meta"),
+    pytest.param("cuda", "meta", id="cuda-meta", marks=requires_cuda),
+    pytest.param("cuda", "cpu", id="cuda-cpu", marks=requires_cuda),
+    pytest.param("cpu", "cuda", id="cpu-cuda", marks=requires_cuda),
+    pytest.param("cuda:0", "cuda:1", id="cuda0-cuda1", marks=requires_two_gpus),
+    pytest.param("cuda:1", "cuda:0", id="cuda1-cuda0", marks=requires_two_gpus),
+]
+
+
+@pytest.mark.parametrize("device,other", DEVICE_MIXES)
+@pytest.mark.parametrize("spec", MIXABLE_SPECS, ids=[s.name for s in MIXABLE_SPECS])
+def test_device_mixes_raise(spec, device, other):
+    """Tensor arguments on another device than the rest (each in turn; all but the first): a RuntimeError that
+    names devices, never a silent copy or a read of the wrong memory."""
+    def check(args, kwargs):
+        flat, tree = tree_flatten((args, kwargs))
+        positions = floating_positions(args, kwargs)
+        if len(positions) < 2:
+            return
+        # each tensor alone, and (with three or more) all but the first together
+        for group in [[i] for i in positions] + ([positions[1:]] if len(positions) > 2 else []):
+            moved = list(flat)
+            for i in group:
+                moved[i] = flat[i].detach().to(other)
+            a, k = tree_unflatten(moved, tree)
+            with pytest.raises(RuntimeError, match="(?i)device"):
+                spec.op(*a, **k)
+
+    each_sample(spec, device, torch.float32, check, requires_grad=False)
+
+
+# ------------------------------------------------------------------------- many blocks: GPU contracts ----
+# On the spec's multi_block_inputs: fresh inputs that spread over many blocks of the GPU (every kernel family:
+# full reductions with the single-pass ticket, rows, split rows, columns; LayerNorm rows held, reread, streamed).
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers: -0.0 differs from 0.0, and one NaN from another."""
+    t = t.detach()
+    if not t.is_floating_point():
+        return t
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def assert_same_bits(got, want, what):
+    assert len(got) == len(want), f"{what}: {len(got)} results, {len(want)} wanted"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g.shape, g.dtype) == (w.shape, w.dtype), f"{what}, result {i}: {g.dtype}{list(g.shape)}"
+        differing = (bits(g.to(w.device)) != bits(w)).sum().item()  # compared where want is (no host copies)
+        assert differing == 0, f"{what}, result {i}: {differing} of {w.numel()} elements differ"
+
+
+def cotangents_for(op, args, kwargs):
+    """Random output gradients (fixed for a sample, so runs can be compared), or [] where nothing is
+    differentiable (integer inputs)."""
+    if not floating_positions(args, kwargs):
+        return []
+    with torch.no_grad():
+        outs = flat_outputs(op(*args, **kwargs))
+    return [torch.randn(o.shape, device=o.device).to(o.dtype) for o in outs]
+
+
+def outputs_and_grads(op, args, kwargs, cotangents):
+    """[outputs..., gradients of every floating tensor argument...] of op(*args, **kwargs) with ``cotangents``
+    (outputs only without them)."""
+    if not cotangents:
+        with torch.no_grad():
+            return [o.detach() for o in flat_outputs(op(*args, **kwargs))]
+    flat, tree = tree_flatten((args, kwargs))
+    positions = floating_positions(args, kwargs)
+    leaves = [flat[i].detach().requires_grad_() for i in positions]
+    new = list(flat)
+    for i, leaf in zip(positions, leaves):
+        new[i] = leaf
+    a, k = tree_unflatten(new, tree)
+    outs = flat_outputs(op(*a, **k))
+    grads = torch.autograd.grad(outs, leaves, cotangents, allow_unused=True, materialize_grads=True)
+    return [o.detach() for o in outs] + list(grads)
+
+
+def close_to_torch(spec, args, kwargs, got, cotangents, what):
+    """A sanity check on many-block results: close to torch's (float32: 1e-3 of the largest value, as summation
+    orders differ over millions of elements; 16-bit: the dtype's tolerance)."""
+    want = outputs_and_grads(spec.torch, args, kwargs, cotangents)
+    dtype = next((a.dtype for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)), torch.float32)
+    tol = TOL[dtype] if dtype in (torch.bfloat16, torch.float16) else dict(rtol=1e-3, atol=1e-3)
+    assert_same(got, want, what, **tol)
+
+
+REPEATS = {"cpu": 2, "cuda": 100}  # the CPU runs the first input only: it checks the test itself
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_deterministic(spec, device):
+    """The same call on the same many-block input gives the same bits every time: outputs 100 times, with the
+    gradients of every floating input 20 times (LayerNorm's weight and bias gradients sum over all rows)."""
+    if not spec.deterministic:
+        pytest.skip(f"{spec.name}'s spec says it is not deterministic")
+    samples = spec.multi_block_inputs(device)
+    for n, (args, kwargs) in enumerate(samples):
+        if device == "cpu" and n > 0:
+            break
+        what = f"{spec.name}({describe(args, kwargs)})"
+        cotangents = cotangents_for(spec.op, args, kwargs)
+        first = outputs_and_grads(spec.op, args, kwargs, cotangents)
+        close_to_torch(spec, args, kwargs, first, cotangents, what)
+        for run in range(1, REPEATS[device]):
+            again = outputs_and_grads(spec.op, args, kwargs, cotangents if run % 5 == 0 or device == "cpu" else [])
+            assert_same_bits(again, first[:len(again)], f"{what}, run {run + 1}")
+
+
+SLEEP_CYCLES = 20_000_000  # ~10 ms of a GPU: the side stream's copy lands well after a wrong stream would read
+
+
+def staged_on_stream(args, kwargs, stream):
+    """(args, kwargs) with every tensor replaced by zeros, filled on ``stream`` after a long sleep: a kernel
+    launched on any other stream reads the zeros."""
+    flat, tree = tree_flatten((args, kwargs))
+    with torch.cuda.stream(stream):
+        staged = [torch.zeros_like(a) if isinstance(a, torch.Tensor) else a for a in flat]
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for s, a in zip(staged, flat):
+            if isinstance(a, torch.Tensor):
+                s.copy_(a)
+    return tree_unflatten(staged, tree)
+
+
+@requires_cuda
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_cuda_current_stream(spec):
+    """On a side stream (its inputs written there after a sleep) the op and its backward run on that stream:
+    the bits of the same call on the default stream."""
+    for args, kwargs in spec.multi_block_inputs("cuda"):
+        what = f"{spec.name}({describe(args, kwargs)}) on a side stream"
+        cotangents = cotangents_for(spec.op, args, kwargs)
+        want = outputs_and_grads(spec.op, args, kwargs, cotangents)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())  # the inputs and cotangents are written on the default one
+        staged_args, staged_kwargs = staged_on_stream(args, kwargs, side)
+        with torch.cuda.stream(side):
+            got = outputs_and_grads(spec.op, staged_args, staged_kwargs, cotangents)
+        side.synchronize()
+        assert_same_bits(got, want, what)
+
+
+@requires_cuda
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_cuda_graph(spec):
+    """Captured in a CUDA graph (no host synchronisation inside the op; scratch from torch's allocator), then
+    replayed on new inputs copied into the captured ones: the bits of an eager call on those inputs."""
+    statics, *replays = (list(spec.multi_block_inputs("cuda")) for _ in range(3))
+    for n, (args, kwargs) in enumerate(statics):
+        what = f"{spec.name}({describe(args, kwargs)}) in a CUDA graph"
+        warm_up = torch.cuda.Stream()
+        warm_up.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(warm_up), torch.no_grad():
+            spec.op(*args, **kwargs)
+        torch.cuda.current_stream().wait_stream(warm_up)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), torch.no_grad():
+            captured = flat_outputs(spec.op(*args, **kwargs))
+        static_tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        for replay, fresh in enumerate(r[n] for r in replays):
+            fresh_tensors = [a for a in tree_flatten(fresh)[0] if isinstance(a, torch.Tensor)]
+            for s, f in zip(static_tensors, fresh_tensors, strict=True):
+                s.copy_(f)
+            graph.replay()
+            torch.cuda.synchronize()
+            with torch.no_grad():
+                want = flat_outputs(spec.op(*fresh[0], **fresh[1]))
+            assert_same_bits(captured, want, f"{what}, replay {replay + 1}")
+
+
+# ------------------------------------------------------------------------------------- > 2^31 elements ----
+
+def assert_close_in_chunks(got, want, what, chunk=2**26):
+    """assert_same for outputs of billions of elements: compared a chunk at a time (float64 copies of the whole
+    would take 16 GiB); integers exactly."""
+    assert (got.dtype, got.shape, got.device) == (want.dtype, want.shape, want.device), \
+        f"{what}: {got.dtype}{list(got.shape)} {got.device}, torch's {want.dtype}{list(want.shape)} {want.device}"
+    g, w = got.reshape(-1), want.reshape(-1)
+    if not w.is_floating_point():
+        for start in range(0, w.numel(), chunk):
+            assert torch.equal(g[start:start + chunk], w[start:start + chunk]), f"{what}: elements from {start}"
+        return
+    scale = max([1.0] + [w[s:s + chunk].float().abs().nan_to_num(0, 0, 0).max().item()
+                         for s in range(0, w.numel(), chunk) if w[s:s + chunk].numel()])
+    tol = TOL.get(w.dtype, TOL[torch.float32])
+    for start in range(0, w.numel(), chunk):
+        torch.testing.assert_close(g[start:start + chunk], w[start:start + chunk], rtol=tol["rtol"],
+                                   atol=tol["atol"] * scale, equal_nan=True,
+                                   msg=lambda m: f"{what}, elements from {start}: {m}")
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_cuda_more_than_2_31_elements(spec):
+    """Inputs of more than 2^31 elements (2 or 4 GiB; skipped where the GPU has no room): torch's results, the
+    rows and elements past 2^31 included (32-bit offsets would wrap there)."""
+    try:
+        for args, kwargs in spec.large_inputs("cuda"):
+            what = f"{spec.name}({describe(args, kwargs)})"
+            assert max(a.numel() for a in args if isinstance(a, torch.Tensor)) > 2**31, what
+            with torch.no_grad():
+                got, want = flat_outputs(spec.op(*args, **kwargs)), flat_outputs(spec.torch(*args, **kwargs))
+            assert len(got) == len(want), what
+            for g, w in zip(got, want):
+                assert_close_in_chunks(g, w, what)
+            del got, want
+    except torch.OutOfMemoryError:
+        pytest.skip("not enough GPU memory for > 2^31 elements")
+    finally:
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------- two GPUs ----
+
+def placed(tree, device):
+    flat, spec = tree_flatten(tree)
+    return tree_unflatten([a.to(device) if isinstance(a, torch.Tensor) else a for a in flat], spec)
+
+
+@requires_two_gpus
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_two_gpus_current_device_is_the_other_one(spec):
+    """With cuda:0 current and the tensors on cuda:1 (and the other way round), the op and its backward run on
+    the tensors' device: the bits of the call with that device current, results on it, nothing allocated on the
+    current device, which stays current."""
+    samples = spec.samples("cuda:0", torch.float32) + list(spec.multi_block_inputs("cuda:0"))
+    for sample in samples:
+        # The same layout on both: .to() makes a stepped or expanded view contiguous, and keeps dense strides.
+        on = {1: placed(sample, "cuda:1")}
+        on[0] = placed(on[1], "cuda:0")
+        what = f"{spec.name}({describe(*on[0])})"
+        with torch.cuda.device(0):
+            cotangents = cotangents_for(spec.op, *on[0])
+            want = outputs_and_grads(spec.op, *on[0], cotangents)
+        for current, data in ((0, 1), (1, 0)):
+            on_cotangents = placed(cotangents, f"cuda:{data}")
+            torch.cuda.synchronize(current)
+            torch.cuda.reset_peak_memory_stats(current)
+            held = torch.cuda.memory_allocated(current)
+            with torch.cuda.device(current):
+                got = outputs_and_grads(spec.op, *on[data], on_cotangents)
+                assert torch.cuda.current_device() == current, f"{what}: the op changed the current device"
+            peak = torch.cuda.max_memory_allocated(current) - held
+            assert peak == 0, f"{what}: tensors on cuda:{data}, {peak} bytes allocated on the current cuda:{current}"
+            assert all(t.device == torch.device(f"cuda:{data}") for t in got), \
+                f"{what}: results on {[str(t.device) for t in got]}, tensors on cuda:{data}"
+            assert_same_bits(got, want, f"{what}, tensors on cuda:{data}, cuda:{current} current")
