@@ -122,6 +122,9 @@ inline at::ScalarType kernel_result_type(Reduction r, at::ScalarType input) {
   return widens_integers(r) ? sum_result_type(input) : input;
 }
 
+// The dtypes a row takes, in torch's words and exception types where torch refuses the dtype too (raises).
+void check_dim_reduction_dtype(Reduction r, at::ScalarType type);
+
 // The registered ops' bodies: checks, then `launch` on the normal form (or a shortcut for empty inputs),
 // with the input's device current.
 at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& call, ReduceLauncher launch);
@@ -149,15 +152,21 @@ using kernel_out_t = std::conditional_t<!std::is_floating_point_v<acc_type<scala
                                         int64_t, scalar_t>;
 
 // Calls f(ops) with the ops object of `kind` over acc_type<scalar_t>; mean divides by the reduced count K.
-// mean and the norms are only reached for floating inputs (reduce_dims checks).
+// mean and the norms are only reached for floating inputs, uint16/32/64 only by sum and prod
+// (check_dim_reduction_dtype).
 template <typename scalar_t, typename F>
 void with_reduce_ops(const ReduceKind& kind, int64_t reduced_count, F&& f) {
   using acc_t = acc_type<scalar_t>;
+  constexpr bool kSumProdOnly = std::is_unsigned_v<scalar_t> && sizeof(scalar_t) > 1;  // uint16/32/64
   switch (kind.reduction) {
     case Reduction::Sum: return f(SumOp<acc_t>());
-    case Reduction::Amax: return f(MaxOp<acc_t>());
-    case Reduction::Amin: return f(MinOp<acc_t>());
     case Reduction::Prod: return f(ProdOp<acc_t>());
+    case Reduction::Amax:
+    case Reduction::Amin:
+      if constexpr (!kSumProdOnly) {
+        return kind.reduction == Reduction::Amax ? f(MaxOp<acc_t>()) : f(MinOp<acc_t>());
+      }
+      break;
     case Reduction::Mean:
     case Reduction::VectorNorm:
       if constexpr (std::is_floating_point_v<acc_t>) {
@@ -169,8 +178,10 @@ void with_reduce_ops(const ReduceKind& kind, int64_t reduced_count, F&& f) {
         if (std::isinf(p)) return p > 0 ? f(NormInfOp<acc_t>()) : f(NormNegInfOp<acc_t>());
         return f(NormPOp<acc_t>{{}, acc_t(p)});
       }
-      TORCH_CHECK(false, "torch_reduce: ", reduction_name(kind.reduction), " of a non-floating dtype reached a kernel");
+      break;
   }
+  TORCH_CHECK(false, "torch_reduce: ", reduction_name(kind.reduction), " of ", c10::CppTypeToScalarType<scalar_t>::value,
+              " reached a kernel");
 }
 
 }  // namespace torch_reduce

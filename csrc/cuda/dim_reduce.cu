@@ -279,7 +279,7 @@ void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out
 void launch_cuda(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor& out) {
   check_kernel_image_for_current_device();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  TORCH_REDUCE_DISPATCH(p.input.scalar_type(), "torch_reduce dim reduction", [&] {
+  TORCH_REDUCE_DISPATCH_DIM(p.input.scalar_type(), "torch_reduce dim reduction", [&] {
     using acc_t = acc_type<scalar_t>;
     with_reduce_ops<scalar_t>(kind, p.reduced, [&](auto ops) {
       using out_t = kernel_out_t<scalar_t, decltype(ops)>;
