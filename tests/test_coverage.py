@@ -228,6 +228,16 @@ def test_complex_autograd(name, device):
     g, = torch.autograd.grad(ours(name)(x, 1).abs().sum(), x)
     g_torch, = torch.autograd.grad(torch_op(name)(x, 1).abs().sum(), x)
     torch.testing.assert_close(g, g_torch)
+    # A real input summed as complex (dtype=): the gradient is real, that of the cast (torch's own sum raises
+    # in the autograd engine here), without a "discards the imaginary part" warning.
+    r = torch.randn(4, 5, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(5, dtype=torch.complex128, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g, = torch.autograd.grad((ours(name)(r, 0, dtype=torch.complex128) * w).sum().abs(), r)
+    g_cast, = torch.autograd.grad((torch_op(name)(r.to(torch.complex128), 0) * w).sum().abs(), r)
+    assert g.dtype == torch.float64
+    torch.testing.assert_close(g, g_cast)
 
 
 @pytest.mark.parametrize("device", DEVICES)
