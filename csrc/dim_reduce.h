@@ -122,7 +122,7 @@ inline at::ScalarType kernel_result_type(Reduction r, at::ScalarType input) {
   return widens_integers(r) ? sum_result_type(input) : input;
 }
 
-// The dtypes a row takes, in torch's words and exception types where torch refuses the dtype too (raises).
+// Raises for a dtype the row does not take: with torch's exception type and words where torch refuses it too.
 void check_dim_reduction_dtype(Reduction r, at::ScalarType type);
 
 // The registered ops' bodies: checks, then `launch` on the normal form (or a shortcut for empty inputs),
