@@ -265,6 +265,25 @@ def test_opcheck_new_dtypes():
     torch.library.opcheck(torch.ops.reduce.mean.default, (torch.randn(5, 6, dtype=torch.complex64), [1]))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    """The fake kernels give the new dtypes' shapes and dtypes; out= (of the right shape: dynamo does not resize
+    graph inputs, for torch.sum either) and dim=None trace in the wrappers."""
+    z = torch.randn(5, 7, dtype=torch.complex64, device=device)
+    u = wide_unsigned((5, 7), torch.uint16, device)
+    x = torch.randn(4, 3, device=device)
+    fn = torch.compile(lambda z, u, x, o: (torch_reduce.sum(z, 1), torch_reduce.mean(z), torch_reduce.sum(u, 0),
+                                           torch_reduce.amax(x, None), torch_reduce.sum(x, 1, out=o)), fullgraph=True)
+    o = torch.empty(4, device=device)
+    got = fn(z, u, x, o)
+    want = (z.sum(1), z.mean(), u.cpu().sum(0).to(device), x.amax(), x.sum(1))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w)
+    assert got[4].data_ptr() == o.data_ptr()
+    torch.testing.assert_close(o, want[4])
+
+
 # ----------------------------------------------------------------------------------------- sparse ----
 
 def sparse_layouts(device):
