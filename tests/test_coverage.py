@@ -115,19 +115,19 @@ def test_amax_amin_dim_none(name, device):
 # ----------------------------------------------------------------------------- uint16/uint32/uint64 ----
 
 def wide_unsigned(shape, dtype, device):
-    """Values over the dtype's whole range (uint64 above 2^63 included): the sums and products wrap."""
-    raw = torch.randint(-2**63, 2**63 - 1, shape, dtype=torch.int64, device=device)
-    if dtype == torch.uint64:
-        return raw.view(torch.uint64)
-    return (raw & (2**(8 * dtype.itemsize) - 1)).to(dtype)
+    """Values over the dtype's whole range (uint64 above 2^63 included): the sums and products wrap. Made on
+    the CPU (torch's CUDA kernels for these dtypes are few) and copied."""
+    raw = torch.randint(-2**63, 2**63 - 1, shape, dtype=torch.int64)
+    x = raw.view(torch.uint64) if dtype == torch.uint64 else (raw & (2**(8 * dtype.itemsize) - 1)).to(dtype)
+    return x.to(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", WIDE_UNSIGNED)
 def test_wide_unsigned_sum_prod(dtype, device):
     for shape, dim in PATHS + [((6, 9), (1, 0))]:
-        x = wide_unsigned(shape, dtype, device)
-        for view in (x, x.flip(0)):
+        x = wide_unsigned(shape, dtype, "cpu")
+        for view in (x.to(device), x.flip(0).to(device)):
             for name in ("sum", "prod"):
                 got = ours(name)(view, dim) if name == "sum" or dim is None or isinstance(dim, int) else None
                 if got is None:
@@ -135,13 +135,13 @@ def test_wide_unsigned_sum_prod(dtype, device):
                 want = torch_op(name)(view.cpu(), dim) if dim is not None else torch_op(name)(view.cpu())
                 assert got.dtype == torch.int64 and torch.equal(got.cpu(), want), (name, dtype, shape, dim)
         if x.dim() == 2:
-            assert torch.equal(torch_reduce.sum(x.t(), 0, keepdim=True).cpu(), torch.sum(x.t().cpu(), 0, True))
-    small = torch.randint(0, 1000, (17, 33), device=device).to(dtype)
+            assert torch.equal(torch_reduce.sum(x.to(device).t(), 0, keepdim=True).cpu(), torch.sum(x.t(), 0, True))
+    small = torch.randint(0, 1000, (17, 33)).to(dtype).to(device)
     torch.testing.assert_close(torch_reduce.mean(small, 1, dtype=torch.float64),
                                torch.mean(small.cpu(), 1, dtype=torch.float64).to(device), rtol=1e-12, atol=0)
     assert torch.equal(torch_reduce.sum(small, dtype=torch.int32).cpu(), torch.sum(small.cpu(), dtype=torch.int32))
-    assert torch_reduce.sum(torch.empty(0, dtype=dtype, device=device)).item() == 0
-    assert torch_reduce.prod(torch.empty(3, 0, dtype=dtype, device=device), 1).tolist() == [1, 1, 1]
+    assert torch_reduce.sum(torch.empty(0, dtype=dtype).to(device)).item() == 0
+    assert torch_reduce.prod(torch.empty(3, 0, dtype=dtype).to(device), 1).tolist() == [1, 1, 1]
 
 
 def to(a, device):
@@ -153,9 +153,10 @@ def to(a, device):
 def test_wide_unsigned_errors_as_torch(dtype, device):
     """torch (on the CPU) has no amax/amin for these dtypes and no sum/prod into them; mean and vector_norm
     need a floating dtype."""
-    x = torch.ones(3, 4, dtype=dtype, device=device)
+    x = torch.ones(3, 4, dtype=dtype).to(device)
     cases = [("amax", (x,), {}), ("amin", (x, 1), {}), ("sum", (x,), {"dtype": dtype}),
-             ("prod", (x.to(torch.int32),), {"dtype": dtype}), ("mean", (x,), {}), ("vector_norm", (x,), {})]
+             ("prod", (torch.ones(3, 4, dtype=torch.int32, device=device),), {"dtype": dtype}), ("mean", (x,), {}),
+             ("vector_norm", (x,), {})]
     for name, args, kwargs in cases:
         with pytest.raises(Exception) as theirs:
             torch_op(name)(*(to(a, "cpu") for a in args), **kwargs)
