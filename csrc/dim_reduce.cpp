@@ -22,22 +22,23 @@ const char* reduction_name(Reduction r) {
   return "?";
 }
 
-// Wide unsigned integers sum and multiply (to int64), complex numbers sum and average (two real reductions:
-// reduce_dims); torch has no max or min of either. torch also multiplies complex numbers and takes their
-// norms, which the kernels here do not.
+// Complex numbers sum and average (two real reductions: reduce_dims); torch has no max or min of them, and
+// it multiplies them and takes their norms, which the kernels here do not. uint16/32/64 take every row
+// whose result may be an integer (torch's CUDA kernels take them for amax/amin, its CPU ones do not).
 void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
   const char* name = reduction_name(r);
   switch (type) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
-    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kBool:
-      return;
-    case at::kUInt16: case at::kUInt32: case at::kUInt64: case at::kComplexFloat: case at::kComplexDouble:
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kBool:
+    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong:
+    case at::kUInt16: case at::kUInt32: case at::kUInt64:
+      return;  // the mean and norm of an integer tensor raise torch's errors (result_type)
+    case at::kComplexFloat: case at::kComplexDouble:
       TORCH_CHECK_NOT_IMPLEMENTED(r != Reduction::Amax && r != Reduction::Amin, "\"", name,
                                   "\" not implemented for '", type, "'");
-      TORCH_CHECK_NOT_IMPLEMENTED(!at::isComplexType(type) || r == Reduction::Sum || r == Reduction::Mean,
-                                  "torch_reduce.", name, " does not take complex inputs (", type, "); torch.",
+      TORCH_CHECK_NOT_IMPLEMENTED(r == Reduction::Sum || r == Reduction::Mean, "torch_reduce.", name,
+                                  " does not take complex inputs (", type, "); torch.",
                                   r == Reduction::Prod ? "prod" : "linalg.vector_norm", " does");
-      return;  // the mean and norm of an integer tensor raise torch's errors (result_type)
+      return;
     default:
       TORCH_CHECK(false, name, ": unsupported dtype ", type,
                   "; expected float32, float64, float16, bfloat16, an integer type, bool, or (sum, mean) complex64 or "

@@ -152,21 +152,15 @@ using kernel_out_t = std::conditional_t<!std::is_floating_point_v<acc_type<scala
                                         int64_t, scalar_t>;
 
 // Calls f(ops) with the ops object of `kind` over acc_type<scalar_t>; mean divides by the reduced count K.
-// mean and the norms are only reached for floating inputs, uint16/32/64 only by sum and prod
-// (check_dim_reduction_dtype).
+// mean and the norms are only reached for floating inputs (reduce_dims checks).
 template <typename scalar_t, typename F>
 void with_reduce_ops(const ReduceKind& kind, int64_t reduced_count, F&& f) {
   using acc_t = acc_type<scalar_t>;
-  constexpr bool kSumProdOnly = std::is_unsigned_v<scalar_t> && sizeof(scalar_t) > 1;  // uint16/32/64
   switch (kind.reduction) {
     case Reduction::Sum: return f(SumOp<acc_t>());
+    case Reduction::Amax: return f(MaxOp<acc_t>());
+    case Reduction::Amin: return f(MinOp<acc_t>());
     case Reduction::Prod: return f(ProdOp<acc_t>());
-    case Reduction::Amax:
-    case Reduction::Amin:
-      if constexpr (!kSumProdOnly) {
-        return kind.reduction == Reduction::Amax ? f(MaxOp<acc_t>()) : f(MinOp<acc_t>());
-      }
-      break;
     case Reduction::Mean:
     case Reduction::VectorNorm:
       if constexpr (std::is_floating_point_v<acc_t>) {

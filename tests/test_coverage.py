@@ -122,18 +122,35 @@ def wide_unsigned(shape, dtype, device):
     return x.to(device)
 
 
+def unsigned_extreme(name, x, dim):
+    """amax/amin of a uint16/32/64 tensor, which torch's CPU kernels lack: on int64 with the sign bit
+    flipped (unsigned order as signed order), flipped back."""
+    dims = tuple(range(x.dim())) if dim is None else dim
+    if x.dtype != torch.uint64:
+        return torch_op(name)(x.to(torch.int64), dims).to(x.dtype)
+    flip = torch.tensor(-2**63)
+    return (torch_op(name)(x.view(torch.int64) ^ flip, dims) ^ flip).view(torch.uint64)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", WIDE_UNSIGNED)
-def test_wide_unsigned_sum_prod(dtype, device):
+def test_wide_unsigned(dtype, device):
     for shape, dim in PATHS + [((6, 9), (1, 0))]:
         x = wide_unsigned(shape, dtype, "cpu")
         for view in (x.to(device), x.flip(0).to(device)):
             for name in ("sum", "prod"):
-                got = ours(name)(view, dim) if name == "sum" or dim is None or isinstance(dim, int) else None
-                if got is None:
+                if name == "prod" and not (dim is None or isinstance(dim, int)):  # torch.prod takes one dim
                     continue
+                got = ours(name)(view, dim)
                 want = torch_op(name)(view.cpu(), dim) if dim is not None else torch_op(name)(view.cpu())
                 assert got.dtype == torch.int64 and torch.equal(got.cpu(), want), (name, dtype, shape, dim)
+            for name in ("amax", "amin"):
+                got = ours(name)(view, () if dim is None else dim)
+                want = unsigned_extreme(name, view.cpu(), dim)
+                assert got.dtype == dtype and torch.equal(got.cpu().view(torch.int64) if dtype == torch.uint64
+                                                          else got.cpu().to(torch.int64),
+                                                          want.view(torch.int64) if dtype == torch.uint64
+                                                          else want.to(torch.int64)), (name, dtype, shape, dim)
         if x.dim() == 2:
             assert torch.equal(torch_reduce.sum(x.to(device).t(), 0, keepdim=True).cpu(), torch.sum(x.t(), 0, True))
     small = torch.randint(0, 1000, (17, 33)).to(dtype).to(device)
@@ -151,10 +168,9 @@ def to(a, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", WIDE_UNSIGNED)
 def test_wide_unsigned_errors_as_torch(dtype, device):
-    """torch (on the CPU) has no amax/amin for these dtypes and no sum/prod into them; mean and vector_norm
-    need a floating dtype."""
+    """torch has no sum or product into these dtypes; mean and vector_norm need a floating dtype."""
     x = torch.ones(3, 4, dtype=dtype).to(device)
-    cases = [("amax", (x,), {}), ("amin", (x, 1), {}), ("sum", (x,), {"dtype": dtype}),
+    cases = [("sum", (x,), {"dtype": dtype}),
              ("prod", (torch.ones(3, 4, dtype=torch.int32, device=device),), {"dtype": dtype}), ("mean", (x,), {}),
              ("vector_norm", (x,), {})]
     for name, args, kwargs in cases:
@@ -171,6 +187,7 @@ def test_wide_unsigned_errors_as_torch(dtype, device):
             ours(name)(*(to(a, "meta") for a in args), **kwargs)
     meta = torch.empty(5, 6, dtype=dtype, device="meta")
     assert torch_reduce.sum(meta, 1).dtype == torch.int64 and torch_reduce.prod(meta, 0).shape == (6,)
+    assert torch_reduce.amax(meta, 1).dtype == dtype and torch_reduce.amin(meta, None, True).shape == (1, 1)
 
 
 # ---------------------------------------------------------------------------------------- complex ----

@@ -59,9 +59,9 @@ _C10_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", tor
               torch.float16: "Half", torch.bfloat16: "BFloat16", torch.uint16: "UInt16", torch.uint32: "UInt32",
               torch.uint64: "UInt64", torch.complex64: "ComplexFloat",
               torch.complex128: "ComplexDouble"}  # how torch's messages name dtypes
+_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)  # sums and products to int64, as the others
 _REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
-         torch.int32, torch.int64, torch.bool)
-_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)  # sum and prod (to int64); no amax/amin in torch
+         torch.int32, torch.int64, torch.bool) + _WIDE_UNSIGNED
 _COMPLEX = (torch.complex64, torch.complex128)  # sum and mean
 
 
@@ -73,10 +73,10 @@ def _check_dtype(name: str, dtype: torch.dtype) -> None:
     """check_dim_reduction_dtype in csrc/dim_reduce.cpp."""
     if dtype in _REAL:
         return
-    if dtype in _WIDE_UNSIGNED or dtype in _COMPLEX:
+    if dtype in _COMPLEX:
         if name in ("amax", "amin"):
             raise NotImplementedError(f"\"{name}\" not implemented for '{_c10_name(dtype)}'")
-        if dtype in _COMPLEX and name not in ("sum", "mean"):
+        if name not in ("sum", "mean"):
             theirs = "prod" if name == "prod" else "linalg.vector_norm"
             raise NotImplementedError(f"torch_reduce.{name} does not take complex inputs ({_c10_name(dtype)}); "
                                       f"torch.{theirs} does")

@@ -10,7 +10,7 @@
 #define TORCH_REDUCE_DISPATCH(TYPE, NAME, ...) \
   AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), AT_EXPAND(AT_ALL_TYPES), at::kHalf, at::kBFloat16, at::kBool)
 
-// The dim reductions also sum and multiply uint16/uint32/uint64 (in int64, as torch: dim_reduce.h).
+// The dim reductions also take uint16/uint32/uint64 (sums and products to int64, as torch).
 #define TORCH_REDUCE_DISPATCH_DIM(TYPE, NAME, ...)                                                  \
   AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), AT_EXPAND(AT_ALL_TYPES),                         \
                  AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES), at::kHalf, at::kBFloat16, at::kBool)
@@ -64,6 +64,11 @@ struct AccumulateType<c10::Half> {
 template <>
 struct AccumulateType<c10::BFloat16> {
   using type = float;
+};
+// uint64 stays unsigned, so max and min order it right; its sums and products wrap to int64's bits.
+template <>
+struct AccumulateType<uint64_t> {
+  using type = uint64_t;
 };
 template <typename T>
 using acc_type = typename AccumulateType<T>::type;
