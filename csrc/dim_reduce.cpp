@@ -22,6 +22,30 @@ const char* reduction_name(Reduction r) {
   return "?";
 }
 
+// Complex numbers sum and average (two real reductions: reduce_dims); torch has no max or min of them, and
+// it multiplies them and takes their norms, which the kernels here do not. uint16/32/64 take every row
+// whose result may be an integer (torch's CUDA kernels take them for amax/amin, its CPU ones do not).
+void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
+  const char* name = reduction_name(r);
+  switch (type) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kBool:
+    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong:
+    case at::kUInt16: case at::kUInt32: case at::kUInt64:
+      return;  // the mean and norm of an integer tensor raise torch's errors (result_type)
+    case at::kComplexFloat: case at::kComplexDouble:
+      TORCH_CHECK_NOT_IMPLEMENTED(r != Reduction::Amax && r != Reduction::Amin, "\"", name,
+                                  "\" not implemented for '", type, "'");
+      TORCH_CHECK_NOT_IMPLEMENTED(r == Reduction::Sum || r == Reduction::Mean, "torch_reduce.", name,
+                                  " does not take complex inputs (", type, "); torch.",
+                                  r == Reduction::Prod ? "prod" : "linalg.vector_norm", " does");
+      return;
+    default:
+      TORCH_CHECK(false, name, ": unsupported dtype ", type,
+                  "; expected float32, float64, float16, bfloat16, an integer type, bool, or (sum, mean) complex64 or "
+                  "complex128");
+  }
+}
+
 namespace {
 
 // vector_norm's input and dtype= rules, in torch's words.
@@ -39,10 +63,15 @@ void check_vector_norm_dtypes(at::ScalarType input, std::optional<at::ScalarType
 at::ScalarType result_type(Reduction r, at::ScalarType input, std::optional<at::ScalarType> dtype) {
   switch (r) {
     case Reduction::Sum:
-    case Reduction::Prod: return dtype.value_or(sum_result_type(input));
+    case Reduction::Prod: {
+      const at::ScalarType t = dtype.value_or(sum_result_type(input));
+      TORCH_CHECK_NOT_IMPLEMENTED(t != at::kUInt16 && t != at::kUInt32 && t != at::kUInt64, "\"",
+                                  reduction_name(r), "\" not implemented for '", t, "'");  // torch has no such output
+      return t;
+    }
     case Reduction::Mean: {
       const at::ScalarType t = dtype.value_or(input);
-      TORCH_CHECK(at::isFloatingType(t), "mean(): could not infer output dtype. ",
+      TORCH_CHECK(at::isFloatingType(t) || at::isComplexType(t), "mean(): could not infer output dtype. ",
                   dtype ? "Optional dtype" : "Input dtype", " must be either a floating point or complex dtype. Got: ",
                   t);
       return t;
@@ -79,7 +108,7 @@ void check_empty_vector_norm(Reduction r, const at::Tensor& x, const ReduceCall&
 // An empty reduction's value: the ops object's identity through its final map (sum 0, prod 1, mean 0/0).
 double empty_value(const ReduceKind& kind, at::ScalarType type) {
   double value = 0;
-  TORCH_REDUCE_DISPATCH(type, "torch_reduce empty reduction", [&] {
+  TORCH_REDUCE_DISPATCH_DIM(type, "torch_reduce empty reduction", [&] {
     with_reduce_ops<scalar_t>(kind, [&](auto ops) {
       value = static_cast<double>(project_result(ops, decltype(ops)::identity()));
     });
@@ -144,53 +173,62 @@ ReduceProblem problem_of(const at::Tensor& input, const std::vector<Run>& runs, 
 
 at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& call, ReduceLauncher launch) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const char* name = reduction_name(r);
-  check_reducible_dtype(self, name);
+  check_dim_reduction_dtype(r, self.scalar_type());
   const std::optional<at::ScalarType> dtype = call.dtype;
   const at::ScalarType out_type = result_type(r, self.scalar_type(), dtype);
   // dtype= casts the input first (as torch does), so the sum runs in the accumulate type of that dtype.
   // Without it the kernels read the input as it is: an integer sum accumulates in int64 anyway.
   const at::Tensor x = dtype.has_value() && *dtype != self.scalar_type() ? self.to(*dtype) : self;
-  check_reducible_dtype(x, name);
+  check_dim_reduction_dtype(r, x.scalar_type());
 
   const int64_t ndim = x.dim();
   const bool all_dims = !call.dim.has_value() || call.dim->empty();  // torch: dim=None and dim=() mean every dim
   check_empty_amax_amin(r, x, call);
   std::bitset<at::dim_bitset_size> reduce_mask;
-  if (all_dims) reduce_mask.set();
-  else reduce_mask = at::dim_list_to_bitset(*call.dim, ndim);  // wraps negative dims; raises on repeats and range
+  if (all_dims) {
+    for (int64_t d = 0; d < ndim; ++d) reduce_mask.set(d);
+  } else {
+    reduce_mask = at::dim_list_to_bitset(*call.dim, ndim);  // wraps negative dims; raises on repeats and range
+  }
   check_empty_vector_norm(r, x, call);
 
+  // A complex sum or mean is two real ones: the kernels read the (real, imaginary) pairs as a kept trailing
+  // dim of 2, and the result is viewed as complex again.
+  const bool complex = x.is_complex();
+  const at::Tensor input = complex ? at::view_as_real(x) : x;
+  const auto as_out = [&](const at::Tensor& t) { return complex ? at::view_as_complex(t) : t; };
   std::vector<int64_t> out_shape;
   int64_t reduced_count = 1;
-  for (int64_t d = 0; d < ndim; ++d) {
-    if (!reduce_mask[d]) out_shape.push_back(x.size(d));
+  for (int64_t d = 0; d < input.dim(); ++d) {
+    if (!reduce_mask[d]) out_shape.push_back(input.size(d));
     else {
-      reduced_count *= x.size(d);
+      reduced_count *= input.size(d);
       if (call.keepdim) out_shape.push_back(1);
     }
   }
-  const auto out_options = x.options().dtype(out_type);
+  const at::ScalarType value_type = c10::toRealValueType(out_type);
+  const auto out_options = input.options().dtype(value_type);
   const int64_t outputs = c10::multiply_integers(out_shape);
-  if (outputs == 0) return at::empty(out_shape, out_options);
+  if (outputs == 0) return as_out(at::empty(out_shape, out_options));
   ReduceKind kind{r, call.ord, reduced_count, Stage::Whole};
-  if (reduced_count == 0) return at::full(out_shape, empty_value(kind, x.scalar_type()), out_options);
+  if (reduced_count == 0) return as_out(at::full(out_shape, empty_value(kind, input.scalar_type()), out_options));
 
-  Layout layout = layout_of(x, reduce_mask);
+  Layout layout = layout_of(input, reduce_mask);
   // Reduced runs apart in memory: the largest first (it shrinks the intermediate most), each stage's
   // accumulators the next one's input, until one reduced run is left.
-  at::Tensor input = layout.input;
+  at::Tensor source = layout.input;
   std::vector<Run>& runs = layout.runs;
   const auto is_reduced = [](const Run& run) { return run.first; };
   while (std::count_if(runs.begin(), runs.end(), is_reduced) > 1) {
     size_t at = runs.size();
     for (size_t i = 0; i < runs.size(); ++i)
       if (runs[i].first && (at == runs.size() || runs[i].second > runs[at].second)) at = i;
-    const ReduceProblem stage = problem_of(input, runs, at);
+    const ReduceProblem stage = problem_of(source, runs, at);
     kind.stage = kind.stage == Stage::Whole ? Stage::First : Stage::Middle;
-    at::Tensor partial = at::empty({stage.outer * stage.inner}, x.options().dtype(accumulate_type(x.scalar_type())));
+    at::Tensor partial = at::empty({stage.outer * stage.inner},
+                                   input.options().dtype(accumulate_type(input.scalar_type())));
     launch(kind, stage, partial);
-    input = partial;
+    source = partial;
     std::vector<Run> remaining;
     for (size_t i = 0; i < runs.size(); ++i)
       if (i != at) append_run(remaining, runs[i].first, runs[i].second);
@@ -198,8 +236,8 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
   }
   if (kind.stage != Stage::Whole) kind.stage = Stage::Last;
   const auto reduced_run = std::find_if(runs.begin(), runs.end(), is_reduced);
-  const ReduceProblem problem = problem_of(input, runs, static_cast<size_t>(reduced_run - runs.begin()));
-  at::Tensor out = at::empty({outputs}, x.options().dtype(kernel_result_type(r, input.scalar_type())));
+  const ReduceProblem problem = problem_of(source, runs, static_cast<size_t>(reduced_run - runs.begin()));
+  at::Tensor out = at::empty({outputs}, input.options().dtype(kernel_result_type(r, source.scalar_type())));
   launch(kind, problem, out);
 
   // The kernel wrote the kept dims in layout.kept_order; return them in the input's order, contiguous
@@ -207,14 +245,53 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
   at::Tensor result = out.view(out_shape);
   if (!std::is_sorted(layout.kept_order.begin(), layout.kept_order.end())) {
     std::vector<int64_t> written_sizes;
-    for (int64_t d : layout.kept_order) written_sizes.push_back(x.size(d));
+    for (int64_t d : layout.kept_order) written_sizes.push_back(input.size(d));
     std::vector<int64_t> by_dim(layout.kept_order.size());
     std::iota(by_dim.begin(), by_dim.end(), 0);
     std::sort(by_dim.begin(), by_dim.end(),
               [&](int64_t a, int64_t b) { return layout.kept_order[a] < layout.kept_order[b]; });
     result = out.view(written_sizes).permute(by_dim).contiguous().view(out_shape);
   }
-  return result.scalar_type() == out_type ? result : result.to(out_type);
+  return as_out(result.scalar_type() == value_type ? result : result.to(value_type));
 }
+
+// Sparse layouts reach these kernels, not the dense ones: an error naming the layout, from the op itself.
+namespace {
+
+const char* layout_name(at::Layout layout) {
+  switch (layout) {
+    case at::kSparse: return "torch.sparse_coo";
+    case at::kSparseCsr: return "torch.sparse_csr";
+    case at::kSparseCsc: return "torch.sparse_csc";
+    case at::kSparseBsr: return "torch.sparse_bsr";
+    case at::kSparseBsc: return "torch.sparse_bsc";
+    default: return "a non-strided layout";
+  }
+}
+
+template <Reduction R>
+struct RefuseLayout {
+  static at::Tensor run(const at::Tensor& self, const ReduceCall&) {
+    C10_THROW_ERROR(NotImplementedError,
+                    c10::str("torch_reduce.", reduction_name(R), " takes strided (dense) tensors, got ",
+                             layout_name(self.layout()),
+                             R == Reduction::Sum ? "; torch.sum sums sparse tensors (or densify with .to_dense())"
+                                                 : "; densify it with .to_dense()"));
+  }
+};
+
+void refuse_layout(torch::Library& m) {
+#define TORCH_REDUCE_REFUSE(name, reduction, Signature) \
+  m.impl(#name, &Signature::template bind<RefuseLayout<Reduction::reduction>>);
+  TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_REFUSE)
+#undef TORCH_REDUCE_REFUSE
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reduce, SparseCPU, m) { refuse_layout(m); }
+TORCH_LIBRARY_IMPL(reduce, SparseCUDA, m) { refuse_layout(m); }
+TORCH_LIBRARY_IMPL(reduce, SparseCsrCPU, m) { refuse_layout(m); }
+TORCH_LIBRARY_IMPL(reduce, SparseCsrCUDA, m) { refuse_layout(m); }
 
 }  // namespace torch_reduce

@@ -121,9 +121,9 @@ struct ReduceKind {
   Stage stage;
 };
 
-// The dtype of acc_type: a split reduction's intermediates.
+// The dtype of acc_type (common/dispatch.h): a split reduction's intermediates.
 inline at::ScalarType accumulate_type(at::ScalarType t) {
-  if (t == at::kDouble) return at::kDouble;
+  if (t == at::kDouble || t == at::kUInt64) return t;
   return at::isFloatingType(t) ? at::kFloat : at::kLong;
 }
 
@@ -137,6 +137,9 @@ inline bool widens_integers(Reduction r) { return r == Reduction::Sum || r == Re
 inline at::ScalarType kernel_result_type(Reduction r, at::ScalarType input) {
   return widens_integers(r) ? sum_result_type(input) : input;
 }
+
+// Raises for a dtype the row does not take: with torch's exception type and words where torch refuses it too.
+void check_dim_reduction_dtype(Reduction r, at::ScalarType type);
 
 // The registered ops' bodies: checks, then `launch` on the normal form (or a shortcut for empty inputs),
 // with the input's device current.
@@ -185,8 +188,10 @@ void with_reduce_ops(const ReduceKind& kind, F&& f) {
         if (std::isinf(p)) return p > 0 ? f(NormInfOp<acc_t>()) : f(NormNegInfOp<acc_t>());
         return f(NormPOp<acc_t>{{}, acc_t(p)});
       }
-      TORCH_CHECK(false, "torch_reduce: ", reduction_name(kind.reduction), " of a non-floating dtype reached a kernel");
+      break;
   }
+  TORCH_CHECK(false, "torch_reduce: ", reduction_name(kind.reduction), " of ", c10::CppTypeToScalarType<scalar_t>::value,
+              " reached a kernel");
 }
 
 // Calls f(ops, std::type_identity<out_t>(), whole) for one launch of `kind` on a scalar_t input: the ops object

@@ -95,8 +95,9 @@ struct ReduceFunction : public torch::autograd::Function<ReduceFunction<R, Signa
         for (int64_t d : dims) count *= sizes[d];
         grad = grad / c10::Scalar(count);
       }
-      return {grad.expand_symint(sizes).to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt())),
-              at::Tensor()};
+      const auto input_type = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+      if (grad.is_complex() && !at::isComplexType(input_type)) grad = at::real(grad);  // dtype=complex of a real input
+      return {grad.expand_symint(sizes).to(input_type), at::Tensor()};
     } else {
       const variable_list saved = ctx->get_saved_variables();
       const at::Tensor& self = saved[0];

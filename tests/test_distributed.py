@@ -207,6 +207,23 @@ for _dims in DIMS:
                 check_var_mean, dims=_dims, dtype=_dtype, rows=_rows)
 
 
+@case("distributed: complex and uint16 sums")
+def check_sum_new_dtypes(ctx):
+    rows = SHARD_ROWS["unequal"]
+    z = torch.complex(ctx.own_shard(rows, torch.float64), ctx.own_shard(rows, torch.float64)).to(torch.complex64)
+    full = torch.cat(ctx.gather(z)).to(torch.complex128)
+    for dims in (None, (0, 2)):
+        result = ctx.same_everywhere_and_twice(lambda: reduce_dist.sum(z, dims))
+        assert result.dtype == torch.complex64
+        want = full.sum() if dims is None else full.sum(dims)
+        scale = full.abs().sum() if dims is None else full.abs().sum(dims)
+        assert bool(((result.cpu().to(torch.complex128) - want).abs() <= 1e-5 * scale).all()), (result, want)
+    u = (ctx.own_shard(rows, torch.float64).abs() * 20000).to(torch.uint16)
+    result = ctx.same_everywhere_and_twice(lambda: reduce_dist.sum(u, (0, 1)))
+    assert result.dtype == torch.int64
+    assert torch.equal(result.cpu(), torch.cat(ctx.gather(u.to(torch.int64))).sum((0, 1)))  # uint16 does not pickle
+
+
 @case("distributed: wrong combines fail")
 def check_wrong_combines_fail(ctx):
     """The data above tell a right combine from a wrong one: each wrong combine misses the reference."""

@@ -37,7 +37,7 @@ def sum(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,  # noqa
         dtype: Optional[torch.dtype] = None, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """torch.sum of the global tensor (every rank's ``input`` along dim 0); ``dim`` must include dim 0."""
     dims = _cross_rank_dims(input, dim, "sum")
-    out_dtype = dtype or (input.dtype if input.dtype.is_floating_point else torch.int64)
+    out_dtype = dtype or (input.dtype if input.dtype.is_floating_point or input.dtype.is_complex else torch.int64)
     source = input if dtype is None else input.to(dtype)  # torch.sum casts before it sums
     with torch.no_grad():
         partial = reductions.sum(source, dims, True, dtype=_partial_dtype(out_dtype))
@@ -87,7 +87,7 @@ def _partial_dtype(out_dtype: torch.dtype) -> torch.dtype:
     """What the per-rank partials are kept in: float32 for 16-bit floats, int64 for integers and bool."""
     if out_dtype in _HALF_FLOATS:
         return torch.float32
-    return out_dtype if out_dtype.is_floating_point else torch.int64
+    return out_dtype if out_dtype.is_floating_point or out_dtype.is_complex else torch.int64
 
 
 def _all_gather(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:

@@ -56,15 +56,48 @@ DIM_REDUCTIONS = [
 
 _C10_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", torch.int32: "Int",
               torch.int64: "Long", torch.bool: "Bool", torch.float32: "Float", torch.float64: "Double",
-              torch.float16: "Half", torch.bfloat16: "BFloat16"}  # how torch's messages name dtypes
-_REDUCIBLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
-              torch.int32, torch.int64, torch.bool)
+              torch.float16: "Half", torch.bfloat16: "BFloat16", torch.uint16: "UInt16", torch.uint32: "UInt32",
+              torch.uint64: "UInt64", torch.complex64: "ComplexFloat",
+              torch.complex128: "ComplexDouble"}  # how torch's messages name dtypes
+_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)  # sums and products to int64, as the others
+_REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
+         torch.int32, torch.int64, torch.bool) + _WIDE_UNSIGNED
+_COMPLEX = (torch.complex64, torch.complex128)  # sum and mean
 
 
-def _check_reducible(name: str, t: torch.Tensor) -> None:
-    if t.dtype not in _REDUCIBLE:
-        raise RuntimeError(f"{name}: unsupported dtype {t.dtype}; expected float32, float64, float16, bfloat16, an "
-                           "integer type (int8..int64, uint8) or bool")
+def _c10_name(dtype: torch.dtype) -> str:
+    return _C10_NAMES.get(dtype, str(dtype))
+
+
+def _check_dtype(name: str, dtype: torch.dtype) -> None:
+    """check_dim_reduction_dtype in csrc/dim_reduce.cpp."""
+    if dtype in _REAL:
+        return
+    if dtype in _COMPLEX:
+        if name in ("amax", "amin"):
+            raise NotImplementedError(f"\"{name}\" not implemented for '{_c10_name(dtype)}'")
+        if name not in ("sum", "mean"):
+            theirs = "prod" if name == "prod" else "linalg.vector_norm"
+            raise NotImplementedError(f"torch_reduce.{name} does not take complex inputs ({_c10_name(dtype)}); "
+                                      f"torch.{theirs} does")
+        return
+    raise RuntimeError(f"{name}: unsupported dtype {_c10_name(dtype)}; expected float32, float64, float16, bfloat16, "
+                       "an integer type, bool, or (sum, mean) complex64 or complex128")
+
+
+_LAYOUT_NAMES = {torch.sparse_coo: "torch.sparse_coo", torch.sparse_csr: "torch.sparse_csr",
+                 torch.sparse_csc: "torch.sparse_csc", torch.sparse_bsr: "torch.sparse_bsr",
+                 torch.sparse_bsc: "torch.sparse_bsc"}
+
+
+def _check_layout(name: str, t: torch.Tensor) -> None:
+    """RefuseLayout in csrc/dim_reduce.cpp: sparse tensors reach a kernel that raises."""
+    if t.layout == torch.strided:
+        return
+    hint = "torch.sum sums sparse tensors (or densify with .to_dense())" if name == "sum" else \
+        "densify it with .to_dense()"
+    raise NotImplementedError(f"torch_reduce.{name} takes strided (dense) tensors, got "
+                              f"{_LAYOUT_NAMES.get(t.layout, 'a non-strided layout')}; {hint}")
 
 
 def _reduced_dims(name: str, t: torch.Tensor, dim) -> list[int]:
@@ -104,13 +137,16 @@ def _check_empty_vector_norm(t: torch.Tensor, ord: float, dim) -> None:
 
 def _result_dtype(name: str, t: torch.Tensor, dtype) -> torch.dtype:
     if name in ("sum", "prod"):
-        return dtype or _sum_result_dtype(t.dtype)
+        out = dtype or (t.dtype if t.dtype.is_complex else _sum_result_dtype(t.dtype))
+        if out in _WIDE_UNSIGNED:  # torch has no such output
+            raise NotImplementedError(f"\"{name}\" not implemented for '{_c10_name(out)}'")
+        return out
     if name == "mean":
         out = dtype or t.dtype
-        if not out.is_floating_point:
+        if not (out.is_floating_point or out.is_complex):
             which = "Optional dtype" if dtype is not None else "Input dtype"
             raise RuntimeError(f"mean(): could not infer output dtype. {which} must be either a floating point "
-                               f"or complex dtype. Got: {_C10_NAMES.get(out, out)}")
+                               f"or complex dtype. Got: {_c10_name(out)}")
         return out
     if name == "vector_norm":
         if not t.dtype.is_floating_point:
@@ -127,10 +163,11 @@ def _result_dtype(name: str, t: torch.Tensor, dtype) -> torch.dtype:
 
 
 def _reduction_fake(name: str, t, dim, keepdim, dtype=None, ord=2.0):
-    _check_reducible(name, t)
+    _check_layout(name, t)
+    _check_dtype(name, t.dtype)
     out_dtype = _result_dtype(name, t, dtype)
     x = t if dtype is None else t.to(dtype)
-    _check_reducible(name, x)
+    _check_dtype(name, x.dtype)
     dims = _reduced_dims(name, x, dim)
     if name == "vector_norm":
         _check_empty_vector_norm(x, float(ord), dim)

@@ -1,34 +1,94 @@
 """Drop-in reductions with torch's semantics: ``torch_reduce.sum/mean/amax/amin/prod/vector_norm`` take the
 arguments of ``torch.sum/mean/amax/amin/prod`` and ``torch.linalg.vector_norm`` and give the same results and
-errors (dims as an int, a tuple, negative, None or (), keepdim, dtype=, empty tensors, NaN). Each calls its
-registered op ``torch.ops.reduce.<name>`` (CPU and CUDA kernels, autograd and autocast in csrc/, fake kernels
-in ops.py); one wrapper per row of ops.DIM_REDUCTIONS, whose signature decides the arguments.
+errors (dims as an int, a tuple, negative, None or (), keepdim, dtype=, out=, empty tensors, NaN). Each calls
+its registered op ``torch.ops.reduce.<name>`` (CPU and CUDA kernels, autograd and autocast in csrc/, fake
+kernels in ops.py); one wrapper per row of ops.DIM_REDUCTIONS, whose signature decides the arguments. out= is
+the wrappers' own: the op's result is written into it with torch's rules (_write_out).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from .ops import DIM_REDUCTIONS, DimReduction
+from .ops import DIM_REDUCTIONS, DimReduction, _c10_name, _result_dtype
 
 Dims = Union[int, Sequence[int], None]
+
+# How torch's out= messages name dtypes (their C++ types).
+_CPP_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+              torch.bfloat16: "c10::BFloat16", torch.int8: "signed char", torch.uint8: "unsigned char",
+              torch.int16: "short int", torch.int32: "int", torch.int64: "long int", torch.bool: "bool",
+              torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>",
+              torch.uint16: "short unsigned int", torch.uint32: "unsigned int", torch.uint64: "long unsigned int"}
+
+
+def _out_dtype_error(expected: torch.dtype, got: torch.dtype) -> RuntimeError:
+    return RuntimeError(f"Expected out tensor to have dtype {_CPP_NAMES.get(expected, expected)}, but got "
+                        f"{_CPP_NAMES.get(got, got)} instead")
+
+
+def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Callable, dtype) -> torch.Tensor:
+    """torch's out= for the reduction `name`: `compute(dtype)` is the op's result with that dtype= (None: the
+    op's own). sum, prod and mean run in out's dtype (mean's own result dtype must cast to it), amax/amin and
+    vector_norm's must equal it; out is resized as aten's resize_output does (a warning if it had elements)."""
+    if torch.is_grad_enabled() and (input.requires_grad or out.requires_grad):
+        raise RuntimeError(f"{'linalg_vector_norm' if name == 'vector_norm' else name}(): functions with out=... "
+                           "arguments don't support automatic differentiation, but one of the arguments requires grad.")
+    if out.device != input.device:
+        raise RuntimeError(f"Attempting to copy from device {input.device} to device {out.device}, but cross-device "
+                           "copies are not allowed!")
+    if name in ("amax", "amin"):
+        if out.dtype != input.dtype:
+            raise RuntimeError(f"Expected the dtype for input and out to match, but got {_c10_name(input.dtype)} for "
+                               f"input's dtype and {_c10_name(out.dtype)} for out's dtype.")
+        result = compute(None)
+    else:
+        own = _result_dtype(name, input, dtype)  # the op's dtype errors first, as torch's
+        if dtype is not None and out.dtype != dtype:
+            raise _out_dtype_error(dtype, out.dtype)
+        if name == "vector_norm" and out.dtype != own:
+            raise _out_dtype_error(own, out.dtype)
+        if name == "mean" and not torch.can_cast(own, out.dtype):
+            raise RuntimeError(f"result type {_c10_name(own)} can't be cast to the desired output type "
+                               f"{_c10_name(out.dtype)}")
+        result = compute(out.dtype)
+    if out.shape != result.shape:
+        if out.numel() != 0:
+            warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
+                          f"which does not match the required output shape {list(result.shape)}. This behavior is "
+                          "deprecated, and in a future PyTorch release outputs will not be resized unless they have "
+                          "zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+                          "elements with t.resize_(0).", UserWarning, stacklevel=3)
+        out.resize_(result.shape)
+    return out.copy_(result)
 
 
 def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     op = getattr(torch.ops.reduce, row.name)
+    name = row.name
     if row.signature == "DimsDtype":
         def reduction(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,
-                      dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-            return op(input, dim, keepdim, dtype=dtype)
+                      dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            if out is None:
+                return op(input, dim, keepdim, dtype=dtype)
+            if dim is None and name != "mean":  # torch.sum and torch.prod take out= only with dim
+                raise TypeError(f"{name}(): out= needs dim, as torch.{name}'s does")
+            return _write_out(name, input, out, lambda d: op(input, dim, keepdim, dtype=d), dtype)
     elif row.signature == "Dims":
-        def reduction(input: torch.Tensor, dim: Union[int, Sequence[int]] = (),
-                      keepdim: bool = False) -> torch.Tensor:
-            return op(input, dim, keepdim)
+        def reduction(input: torch.Tensor, dim: Dims = (), keepdim: bool = False, *,
+                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            dim = () if dim is None else dim  # torch.amax(x, dim=None) reduces every dim, as dim=()
+            if out is None:
+                return op(input, dim, keepdim)
+            return _write_out(name, input, out, lambda d: op(input, dim, keepdim), None)
     else:
         def reduction(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool = False, *,
-                      dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-            return op(x, ord, dim, keepdim, dtype=dtype)
+                      dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            if out is None:
+                return op(x, ord, dim, keepdim, dtype=dtype)
+            return _write_out(name, x, out, lambda d: op(x, ord, dim, keepdim, dtype=d), dtype)
     reduction.__name__ = reduction.__qualname__ = row.name
     reduction.__doc__ = row.doc
     return reduction

@@ -10,6 +10,11 @@
 #define TORCH_REDUCE_DISPATCH(TYPE, NAME, ...) \
   AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), AT_EXPAND(AT_ALL_TYPES), at::kHalf, at::kBFloat16, at::kBool)
 
+// The dim reductions also take uint16/uint32/uint64 (sums and products to int64, as torch).
+#define TORCH_REDUCE_DISPATCH_DIM(TYPE, NAME, ...)                                                  \
+  AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), AT_EXPAND(AT_ALL_TYPES),                         \
+                 AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES), at::kHalf, at::kBFloat16, at::kBool)
+
 // Statistics (var_mean, LayerNorm) take the floating types only.
 #define TORCH_REDUCE_DISPATCH_FLOATING(TYPE, NAME, ...) \
   AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), AT_EXPAND(AT_FLOATING_TYPES), at::kHalf, at::kBFloat16)
@@ -60,11 +65,18 @@ template <>
 struct AccumulateType<c10::BFloat16> {
   using type = float;
 };
+// uint64 stays unsigned, so max and min order it right; its sums and products wrap to int64's bits.
+template <>
+struct AccumulateType<uint64_t> {
+  using type = uint64_t;
+};
 template <typename T>
 using acc_type = typename AccumulateType<T>::type;
 
-// torch.sum's result dtype: floating inputs keep theirs, integers and bool give int64.
-inline at::ScalarType sum_result_type(at::ScalarType t) { return at::isFloatingType(t) ? t : at::kLong; }
+// torch.sum's result dtype: floating and complex inputs keep theirs, integers and bool give int64.
+inline at::ScalarType sum_result_type(at::ScalarType t) {
+  return at::isFloatingType(t) || at::isComplexType(t) ? t : at::kLong;
+}
 
 // A clear error for complex, float8, unsigned 16/32/64-bit and every other dtype the dispatch above skips.
 inline void check_reducible_dtype(const at::Tensor& t, const char* op) {

@@ -96,6 +96,18 @@ struct ProdOp {
   TR_HOST_DEVICE T operator()(T a, T b) const { return a * b; }
 };
 
+// a < b, with -0 below +0 (IEEE 754-2019's order for maximum/minimum): max and min then pick the same zero
+// whatever the fold order, so every kernel path and both backends give the same bits. (torch's choice between
+// equal zeros follows their positions and its vector width; no fixed rule matches it on every input.)
+template <typename T>
+TR_HOST_DEVICE bool below(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return a < b || (a == b && std::signbit(a) && !std::signbit(b));
+  } else {
+    return a < b;
+  }
+}
+
 // max/min propagate NaN like torch.amax/amin: `a != a` is true only for NaN (and is false for integers).
 template <typename T>
 struct MaxOp {
@@ -103,7 +115,7 @@ struct MaxOp {
     return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
                                                 : std::numeric_limits<T>::lowest();
   }
-  TR_HOST_DEVICE T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
+  TR_HOST_DEVICE T operator()(T a, T b) const { return (a != a || below(b, a)) ? a : b; }
 };
 
 template <typename T>
@@ -112,7 +124,7 @@ struct MinOp {
     return std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity()
                                                 : std::numeric_limits<T>::max();
   }
-  TR_HOST_DEVICE T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
+  TR_HOST_DEVICE T operator()(T a, T b) const { return (a != a || below(a, b)) ? a : b; }
 };
 
 // "No final map", as the ladder passes it to launch_device_reduce beside its combine operator.

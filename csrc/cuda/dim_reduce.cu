@@ -12,7 +12,7 @@ namespace {
 
 void launch_cuda(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor& out) {
   check_kernel_image_for_current_device();
-  TORCH_REDUCE_DISPATCH(p.input.scalar_type(), "torch_reduce dim reduction",
+  TORCH_REDUCE_DISPATCH_DIM(p.input.scalar_type(), "torch_reduce dim reduction",
                         [&] { dim::launch_dim_reduction<scalar_t>(kind, p, out); });
 }
 

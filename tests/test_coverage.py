@@ -1,0 +1,438 @@
+"""torch's dtype and layout coverage for the drop-ins: signed zeros in amax/amin, amax/amin(dim=None),
+uint16/uint32/uint64 and complex inputs, sparse layouts, out=. References are torch's results on float64 /
+complex128 / int64 copies of fresh random inputs, odd sizes, non-contiguous views; every device."""
+import re
+import warnings
+
+import pytest
+import torch
+
+import torch_reduce
+from conftest import DEVICES, FLOAT_DTYPES, requires_cuda
+
+WIDE_UNSIGNED = [torch.uint16, torch.uint32, torch.uint64]
+COMPLEX = [torch.complex64, torch.complex128]
+OUT_OPS = ["sum", "mean", "amax", "amin", "prod", "vector_norm"]
+
+
+def torch_op(name):
+    return torch.linalg.vector_norm if name == "vector_norm" else getattr(torch, name)
+
+
+def ours(name):
+    return getattr(torch_reduce, name)
+
+
+def bits(t):
+    """A float tensor's bits as integers: -0.0 differs from 0.0."""
+    return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+# Shapes and dims that reach every kernel path: the whole tensor (long and short), short and long rows,
+# columns (inner extent > 1), a reduced run in the middle, and copies of interleaved reduced dims.
+PATHS = [((1,), None), ((2,), None), ((37,), None), ((4099,), None), ((70001,), None),
+         ((5, 3), 1), ((9, 3001), 1), ((2, 100003), 1), ((3001, 7), 0), ((257, 4), 0), ((3, 200, 5), 1),
+         ((6, 5, 4), (0, 2)), ((33, 65), (0, 1))]
+
+
+def signed_zero_input(shape, name, dtype, device):
+    """±0 at random, mixed with values below (amax) or above (amin) zero, so most results are a zero."""
+    zeros = torch.where(torch.rand(shape, device=device) < 0.5, -0.0, 0.0)
+    others = torch.rand(shape, device=device) + 1
+    others = -others if name == "amax" else others
+    fraction = torch.rand((), device=device).item()  # some slices all zeros, some with few
+    return torch.where(torch.rand(shape, device=device) < fraction, zeros, others).to(dtype)
+
+
+def expected_signed_zero(name, x, dim):
+    """torch's value, with the zero that IEEE 754-2019's maximum/minimum give: amax is +0 if a +0 is among the
+    slice's zeros, amin -0 if a -0 is (whatever their order)."""
+    dims = tuple(range(x.dim())) if dim is None else dim
+    want = torch_op(name)(x.double(), dims)
+    wanted_zero = (x == 0) & (torch.signbit(x) == (name == "amin"))
+    has = wanted_zero.double().amax(dims).bool()
+    zero = torch.zeros_like(want) if name == "amax" else -torch.zeros_like(want)
+    return torch.where((want == 0) & has, zero, torch.where(want == 0, -zero, want))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["amax", "amin"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_signed_zeros(name, dtype, device):
+    for shape, dim in PATHS:
+        x = signed_zero_input(shape, name, dtype, device)
+        for view in (x, x.flip(list(range(x.dim())))):  # the same slices in the other order
+            got = ours(name)(view, () if dim is None else dim)
+            want = expected_signed_zero(name, view.cpu(), dim).to(dtype)
+            assert torch.equal(bits(got.cpu()), bits(want)), (name, dtype, shape, dim)
+        if x.dim() == 2:  # the transposed view: columns become rows and the kernel path changes
+            t = x.t()
+            d = None if dim is None else (1 - dim if isinstance(dim, int) else dim)
+            got = ours(name)(t, () if d is None else d)
+            assert torch.equal(bits(got.cpu()), bits(expected_signed_zero(name, t.cpu(), d).to(dtype)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_signed_zeros_short(device):
+    """The issue's cases: the zero is the same in both orders (torch's CPU gives the first of equal zeros on
+    short inputs and a lane-dependent one on long ones, so no fixed rule matches it everywhere)."""
+    for pair in ([-0.0, 0.0], [0.0, -0.0]):
+        x = torch.tensor(pair, device=device)
+        assert not torch.signbit(torch_reduce.amax(x)) and torch.signbit(torch_reduce.amin(x))
+        assert torch_reduce.amax(x) == torch.amax(x) and torch_reduce.amin(x) == torch.amin(x)
+    x = torch.tensor([[-0.0, 0.0, float("nan")], [0.0, -0.0, -0.0]], device=device)
+    assert torch.equal(torch_reduce.amax(x, 1).isnan(), torch.tensor([True, False], device=device))
+    assert bits(torch_reduce.amax(x, 1)[1:]).item() == 0 and torch.signbit(torch_reduce.amin(x, 1)[1])
+    assert torch_reduce.amax(torch.tensor([-0.0, float("nan"), 0.0], device=device)).isnan()
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["amax", "amin"])
+def test_signed_zeros_cpu_cuda_bitwise(name):
+    for shape, dim in PATHS:
+        x = signed_zero_input(shape, name, torch.float32, "cuda")
+        d = () if dim is None else dim
+        assert torch.equal(bits(ours(name)(x, d).cpu()), bits(ours(name)(x.cpu(), d)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["amax", "amin"])
+def test_amax_amin_dim_none(name, device):
+    x = torch.randn(5, 7, 3, device=device)[:, ::2]
+    for keepdim in (False, True):
+        got = ours(name)(x, None, keepdim)
+        want = torch_op(name)(x, dim=None, keepdim=keepdim)
+        assert got.shape == want.shape and torch.equal(got, want)
+        assert torch.equal(ours(name)(x, dim=None, keepdim=keepdim), want)
+    assert ours(name)(torch.tensor(3.0, device=device), None).shape == ()
+    empty = torch.empty(2, 0, device=device)
+    with pytest.raises(RuntimeError, match=re.escape("Expected reduction dim to be specified for input.numel() == 0")):
+        torch_op(name)(empty, dim=None)
+    with pytest.raises(RuntimeError, match=re.escape("Expected reduction dim to be specified for input.numel() == 0")):
+        ours(name)(empty, None)
+
+
+# ----------------------------------------------------------------------------- uint16/uint32/uint64 ----
+
+def wide_unsigned(shape, dtype, device):
+    """Values over the dtype's whole range (uint64 above 2^63 included): the sums and products wrap. Made on
+    the CPU (torch's CUDA kernels for these dtypes are few) and copied."""
+    raw = torch.randint(-2**63, 2**63 - 1, shape, dtype=torch.int64)
+    x = raw.view(torch.uint64) if dtype == torch.uint64 else (raw & (2**(8 * dtype.itemsize) - 1)).to(dtype)
+    return x.to(device)
+
+
+def unsigned_extreme(name, x, dim):
+    """amax/amin of a uint16/32/64 tensor, which torch's CPU kernels lack: on int64 with the sign bit
+    flipped (unsigned order as signed order), flipped back."""
+    dims = tuple(range(x.dim())) if dim is None else dim
+    if x.dtype != torch.uint64:
+        return torch_op(name)(x.to(torch.int64), dims).to(x.dtype)
+    flip = torch.tensor(-2**63)
+    return (torch_op(name)(x.view(torch.int64) ^ flip, dims) ^ flip).view(torch.uint64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", WIDE_UNSIGNED)
+def test_wide_unsigned(dtype, device):
+    for shape, dim in PATHS + [((6, 9), (1, 0))]:
+        x = wide_unsigned(shape, dtype, "cpu")
+        for view in (x.to(device), x.flip(0).to(device)):
+            for name in ("sum", "prod"):
+                if name == "prod" and not (dim is None or isinstance(dim, int)):  # torch.prod takes one dim
+                    continue
+                got = ours(name)(view, dim)
+                want = torch_op(name)(view.cpu(), dim) if dim is not None else torch_op(name)(view.cpu())
+                assert got.dtype == torch.int64 and torch.equal(got.cpu(), want), (name, dtype, shape, dim)
+            for name in ("amax", "amin"):
+                got = ours(name)(view, () if dim is None else dim)
+                want = unsigned_extreme(name, view.cpu(), dim)
+                assert got.dtype == dtype and torch.equal(got.cpu().view(torch.int64) if dtype == torch.uint64
+                                                          else got.cpu().to(torch.int64),
+                                                          want.view(torch.int64) if dtype == torch.uint64
+                                                          else want.to(torch.int64)), (name, dtype, shape, dim)
+        if x.dim() == 2:
+            assert torch.equal(torch_reduce.sum(x.to(device).t(), 0, keepdim=True).cpu(), torch.sum(x.t(), 0, True))
+    small = torch.randint(0, 1000, (17, 33)).to(dtype).to(device)
+    torch.testing.assert_close(torch_reduce.mean(small, 1, dtype=torch.float64),
+                               torch.mean(small.cpu(), 1, dtype=torch.float64).to(device), rtol=1e-12, atol=0)
+    assert torch.equal(torch_reduce.sum(small, dtype=torch.int32).cpu(), torch.sum(small.cpu(), dtype=torch.int32))
+    assert torch_reduce.sum(torch.empty(0, dtype=dtype).to(device)).item() == 0
+    assert torch_reduce.prod(torch.empty(3, 0, dtype=dtype).to(device), 1).tolist() == [1, 1, 1]
+
+
+def to(a, device):
+    return a.to(device) if isinstance(a, torch.Tensor) else a
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", WIDE_UNSIGNED)
+def test_wide_unsigned_errors_as_torch(dtype, device):
+    """torch has no sum or product into these dtypes; mean and vector_norm need a floating dtype."""
+    x = torch.ones(3, 4, dtype=dtype).to(device)
+    cases = [("sum", (x,), {"dtype": dtype}),
+             ("prod", (torch.ones(3, 4, dtype=torch.int32, device=device),), {"dtype": dtype}), ("mean", (x,), {}),
+             ("vector_norm", (x,), {})]
+    for name, args, kwargs in cases:
+        with pytest.raises(Exception) as theirs:
+            torch_op(name)(*(to(a, "cpu") for a in args), **kwargs)
+        with pytest.raises(theirs.type) as mine:
+            ours(name)(*args, **kwargs)
+        if theirs.type is RuntimeError:  # torch's own words (NotImplementedError names torch's kernel)
+            assert str(mine.value).split("\n")[0] == str(theirs.value).split("\n")[0]
+        else:
+            assert f"not implemented for '{str(dtype).split('.')[1].capitalize().replace('Uint', 'UInt')}'" \
+                in str(mine.value)
+        with pytest.raises(theirs.type):  # the fake kernel raises too
+            ours(name)(*(to(a, "meta") for a in args), **kwargs)
+    meta = torch.empty(5, 6, dtype=dtype, device="meta")
+    assert torch_reduce.sum(meta, 1).dtype == torch.int64 and torch_reduce.prod(meta, 0).shape == (6,)
+    assert torch_reduce.amax(meta, 1).dtype == dtype and torch_reduce.amin(meta, None, True).shape == (1, 1)
+
+
+# ---------------------------------------------------------------------------------------- complex ----
+
+def complex_close(got, want, x, name, dims, dtype, keepdim=False):
+    """|ours - torch's complex128| within the accumulate dtype's rounding of the sum (or mean) of |x|."""
+    assert got.dtype == dtype and got.shape == want.shape, (got.dtype, got.shape, want.shape)
+    magnitude = x.abs().double().cpu()
+    scale = torch_op(name)(magnitude, tuple(range(x.dim())) if dims is None else dims, keepdim)
+    rtol = 1e-12 if dtype == torch.complex128 else 1e-5
+    err = (got.cpu().to(torch.complex128) - want).abs()
+    assert err.shape == scale.shape
+    assert bool((err <= rtol * scale + 1e-300).all()), (name, dtype, err.max(), scale.max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["sum", "mean"])
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_complex_sum_mean(name, dtype, device):
+    for shape, dim in PATHS:
+        x = torch.randn(shape, dtype=dtype, device=device)
+        views = [x, x.conj()] + ([x.t(), x[:, 1::2]] if x.dim() == 2 else [])
+        for view in views:
+            for keepdim in (False, True):
+                got = ours(name)(view, dim, keepdim)
+                want = torch_op(name)(view.cpu().to(torch.complex128), dim, keepdim) if dim is not None else \
+                    torch_op(name)(view.cpu().to(torch.complex128)).reshape([1] * view.dim() if keepdim else [])
+                complex_close(got, want, view, name, dim, dtype, keepdim)
+    x = torch.randn(7, 9, dtype=torch.complex64, device=device)
+    complex_close(ours(name)(x, 1, dtype=torch.complex128), torch_op(name)(x.cpu().to(torch.complex128), 1),
+                  x, name, 1, torch.complex128)
+    r = torch.randn(7, 9, device=device)
+    complex_close(ours(name)(r, 0, dtype=dtype), torch_op(name)(r.cpu().to(torch.complex128), 0), r, name, 0, dtype)
+    empty = torch.empty(4, 0, dtype=dtype, device=device)
+    e_got, e_want = ours(name)(empty, 1).cpu(), torch_op(name)(empty.cpu(), 1)
+    assert e_got.dtype == dtype and torch.equal(torch.view_as_real(e_got).isnan(), torch.view_as_real(e_want).isnan())
+    assert ours(name)(torch.empty(0, 3, dtype=dtype, device=device), 1).shape == (0,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_complex_int_mean_dtype(device):
+    i = torch.randint(-50, 50, (5, 8), device=device)
+    assert torch.equal(torch_reduce.mean(i, 1, dtype=torch.complex128).cpu(),
+                       torch.mean(i.cpu(), 1, dtype=torch.complex128))
+    with pytest.raises(RuntimeError, match="could not infer output dtype"):
+        torch_reduce.mean(i)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["sum", "mean"])
+def test_complex_autograd(name, device):
+    x = torch.randn(4, 5, 3, dtype=torch.complex128, device=device, requires_grad=True)
+    for dim in (None, 1, (0, 2)):
+        torch.autograd.gradcheck(lambda t: ours(name)(t, dim), (x,))
+        torch.autograd.gradgradcheck(lambda t: ours(name)(t, dim), (x,))
+    g, = torch.autograd.grad(ours(name)(x, 1).abs().sum(), x)
+    g_torch, = torch.autograd.grad(torch_op(name)(x, 1).abs().sum(), x)
+    torch.testing.assert_close(g, g_torch)
+    # A real input summed as complex (dtype=): the gradient is real, that of the cast (torch's own sum raises
+    # in the autograd engine here), without a "discards the imaginary part" warning.
+    r = torch.randn(4, 5, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(5, dtype=torch.complex128, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g, = torch.autograd.grad((ours(name)(r, 0, dtype=torch.complex128) * w).sum().abs(), r)
+    g_cast, = torch.autograd.grad((torch_op(name)(r.to(torch.complex128), 0) * w).sum().abs(), r)
+    assert g.dtype == torch.float64
+    torch.testing.assert_close(g, g_cast)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_complex_errors(dtype, device):
+    x = torch.randn(3, 4, dtype=dtype, device=device)
+    for name in ("amax", "amin"):  # torch has no max or min of complex numbers either
+        with pytest.raises(NotImplementedError):
+            torch_op(name)(x.cpu())
+        for t in (x, x.to("meta")):
+            with pytest.raises(NotImplementedError, match=f"\"{name}\" not implemented for 'Complex"):
+                ours(name)(t, 1)
+    for name, theirs in (("prod", "torch.prod does"), ("vector_norm", "torch.linalg.vector_norm does")):
+        for t in (x, x.to("meta")):
+            with pytest.raises(NotImplementedError, match=f"torch_reduce.{name} does not take complex.*{theirs}"):
+                ours(name)(t)
+
+
+def test_opcheck_new_dtypes():
+    for args, kwargs in (((torch.randn(5, 6, dtype=torch.complex64), [1]), {}),
+                         ((torch.randn(5, 6, dtype=torch.complex128, requires_grad=True), [0]), {}),
+                         ((torch.randint(0, 60000, (5, 6)).to(torch.uint16), [1]), {}),
+                         ((torch.randn(5, 6), [0]), {"dtype": torch.complex64})):
+        torch.library.opcheck(torch.ops.reduce.sum.default, args, kwargs)
+    torch.library.opcheck(torch.ops.reduce.mean.default, (torch.randn(5, 6, dtype=torch.complex64), [1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    """The fake kernels give the new dtypes' shapes and dtypes; out= (of the right shape: dynamo does not resize
+    graph inputs, for torch.sum either) and dim=None trace in the wrappers."""
+    z = torch.randn(5, 7, dtype=torch.complex64, device=device)
+    u = wide_unsigned((5, 7), torch.uint16, device)
+    x = torch.randn(4, 3, device=device)
+    fn = torch.compile(lambda z, u, x, o: (torch_reduce.sum(z, 1), torch_reduce.mean(z), torch_reduce.sum(u, 0),
+                                           torch_reduce.amax(x, None), torch_reduce.sum(x, 1, out=o)), fullgraph=True)
+    o = torch.empty(4, device=device)
+    got = fn(z, u, x, o)
+    want = (z.sum(1), z.mean(), u.cpu().sum(0).to(device), x.amax(), x.sum(1))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w)
+    assert got[4].data_ptr() == o.data_ptr()
+    torch.testing.assert_close(o, want[4])
+
+
+# ----------------------------------------------------------------------------------------- sparse ----
+
+def sparse_layouts(device):
+    x = torch.randn(4, 6, device=device)
+    x[x.abs() < 0.7] = 0
+    return {"torch.sparse_coo": x.to_sparse(), "torch.sparse_csr": x.to_sparse_csr(),
+            "torch.sparse_csc": x.to_sparse_csc(), "torch.sparse_bsr": x.to_sparse_bsr((2, 2)),
+            "torch.sparse_bsc": x.to_sparse_bsc((2, 3))}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", OUT_OPS)
+def test_sparse_refused_by_the_op(name, device):
+    """A clear error from our op, naming the layout (never the dispatcher's "Could not run"), on the plain,
+    autograd and inference paths."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sparse CSR support is in beta state
+        layouts = sparse_layouts(device)
+    for layout, s in layouts.items():
+        hint = "torch.sum sums sparse tensors" if name == "sum" else "densify it with .to_dense()"
+        message = f"torch_reduce.{name} takes strided \\(dense\\) tensors, got {layout}; {hint}"
+        for mode in ("plain", "grad", "inference"):
+            t = s.clone().requires_grad_() if mode == "grad" else s
+            with pytest.raises(NotImplementedError, match=message):
+                if mode == "inference":
+                    with torch.inference_mode():
+                        ours(name)(t)
+                else:
+                    ours(name)(t)
+        with pytest.raises(NotImplementedError, match=message):
+            getattr(torch.ops.reduce, name)(s)
+        if name == "sum":  # what the message points to
+            torch.testing.assert_close(torch.sum(s), torch.sum(s.to_dense()))
+
+
+def test_sparse_fake_kernel_raises_the_same():
+    from torch_reduce.ops import _check_layout
+    s = torch.randn(3, 4).to_sparse()
+    with pytest.raises(NotImplementedError) as fake:
+        _check_layout("sum", s)
+    with pytest.raises(NotImplementedError) as real:
+        torch_reduce.sum(s)
+    assert str(fake.value) == str(real.value).split("\n")[0]
+
+
+# -------------------------------------------------------------------------------------------- out= ----
+
+def call(fn, name, x, dim, **kwargs):
+    if name == "vector_norm":
+        return fn(x, 2, dim, **kwargs)
+    return fn(x, dim, **kwargs)
+
+
+def outcome(thunk):
+    """(result, None) or (None, the exception); warnings recorded."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return thunk(), None, [w for w in caught if "resized" in str(w.message)]
+        except Exception as error:  # noqa: BLE001  (compared with torch's below)
+            return None, error, []
+
+
+def first_line(error):
+    return str(error).split("\n")[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", OUT_OPS)
+def test_out_like_torch(name, device):
+    x = torch.randn(5, 7, device=device)[:, 1:]
+    ints = torch.randint(-9, 9, (5, 6), device=device, dtype=torch.int32)
+    out_dtypes = [torch.float32, torch.float64, torch.float16, torch.int64, torch.int8, torch.complex64, torch.bool]
+    for inp in (x, ints):
+        for dtype in (None, torch.float64):
+            for out_dtype in out_dtypes:
+                for out_shape in ((6,), (0,), (2, 3), (5,)):
+                    kwargs = {} if dtype is None or name in ("amax", "amin") else {"dtype": dtype}
+                    o_theirs = torch.full(out_shape, 7, dtype=out_dtype, device=device)
+                    o_ours = o_theirs.clone()
+                    want, err_t, warn_t = outcome(lambda: call(torch_op(name), name, inp, 0, out=o_theirs, **kwargs))
+                    got, err_o, warn_o = outcome(lambda: call(ours(name), name, inp, 0, out=o_ours, **kwargs))
+                    case = (name, inp.dtype, dtype, out_dtype, out_shape)
+                    if name == "prod" and out_dtype.is_complex and err_t is None:  # no complex products here
+                        assert isinstance(err_o, NotImplementedError) and "torch.prod does" in str(err_o), case
+                        continue
+                    if err_t is not None:
+                        assert type(err_o) is type(err_t), (case, err_t, err_o)
+                        assert first_line(err_o) == first_line(err_t), case
+                        continue
+                    assert err_o is None, (case, err_o)
+                    assert got is o_ours and want is o_theirs
+                    assert o_ours.shape == o_theirs.shape and o_ours.dtype == o_theirs.dtype
+                    assert len(warn_o) == len(warn_t), case
+                    tol = {"rtol": 1e-3, "atol": 1e-3} if out_dtype == torch.float16 else {}
+                    torch.testing.assert_close(o_ours, o_theirs, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", OUT_OPS)
+def test_out_keeps_its_strides_and_rules(name, device):
+    x = torch.randn(6, 4, device=device)
+    base = torch.zeros(6, 2, device=device)
+    out = base[:, 0]  # non-contiguous, the right shape: written in place
+    assert call(ours(name), name, x, 1, out=out) is out
+    torch.testing.assert_close(base[:, 0], call(torch_op(name), name, x, 1))
+    assert bool((base[:, 1] == 0).all()) and out.stride() == (2,)
+    with pytest.raises(RuntimeError, match="don't support automatic differentiation"):
+        call(ours(name), name, x.clone().requires_grad_(), 1, out=torch.empty(6, device=device))
+    with torch.no_grad():
+        call(ours(name), name, x.clone().requires_grad_(), 1, out=torch.empty(6, device=device))
+    with pytest.raises(RuntimeError, match="cross-device copies are not allowed"):
+        call(ours(name), name, x, 1, out=torch.empty(6, device="meta"))
+    if name in ("sum", "prod"):  # torch takes out= only with a dim
+        with pytest.raises(TypeError):
+            torch_op(name)(x, out=torch.empty((), device=device))
+        with pytest.raises(TypeError, match="out= needs dim"):
+            ours(name)(x, out=torch.empty((), device=device))
+    else:
+        o = torch.empty(3, device=device)
+        with pytest.warns(UserWarning, match="was resized"):
+            r = call(ours(name), name, x, None, out=o)
+        torch.testing.assert_close(r, call(torch_op(name), name, x, None))
+    if name == "amax":  # amax(x, dim=None, out=) as torch.amax takes it
+        o = torch.empty((), device=device)
+        torch.testing.assert_close(torch_reduce.amax(x, dim=None, out=o), torch.amax(x, dim=None))
+
+
+def test_var_mean_has_no_out_like_torch():
+    x = torch.randn(3, 4)
+    with pytest.raises(TypeError):
+        torch.var_mean(x, 1, out=(torch.empty(3), torch.empty(3)))
+    with pytest.raises(TypeError):
+        torch_reduce.var_mean(x, 1, out=(torch.empty(3), torch.empty(3)))
