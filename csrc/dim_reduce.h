@@ -194,24 +194,29 @@ void with_reduce_ops(const ReduceKind& kind, F&& f) {
               " reached a kernel");
 }
 
-// Calls f(ops, std::type_identity<out_t>(), whole) for one launch of `kind` on a scalar_t input: the ops object
+// Calls f(ops, TypeTag<out_t>(), whole) for one launch of `kind` on a scalar_t input: the ops object
 // and output element type of its stage; whole (std::true_type for Stage::Whole alone) says whether the
 // launch may be a whole-tensor reduction, so the stages do not instantiate those kernels (a split
 // reduction keeps a dim). The later stages are instantiated only for the accumulate types they read.
+template <typename T>
+struct TypeTag {  // a type as a value (C++20's std::type_identity; torch 2.11 extensions build as C++17)
+  using type = T;
+};
+
 template <typename scalar_t, typename F>
 void with_stage_ops(const ReduceKind& kind, F&& f) {
   using acc_t = acc_type<scalar_t>;
   with_reduce_ops<scalar_t>(kind, [&](auto ops) {
     using Ops = decltype(ops);
     switch (kind.stage) {
-      case Stage::Whole: return f(ops, std::type_identity<kernel_out_t<scalar_t, Ops>>(), std::true_type());
-      case Stage::First: return f(unprojected(ops), std::type_identity<acc_t>(), std::false_type());
+      case Stage::Whole: return f(ops, TypeTag<kernel_out_t<scalar_t, Ops>>(), std::true_type());
+      case Stage::First: return f(unprojected(ops), TypeTag<acc_t>(), std::false_type());
       case Stage::Middle:
       case Stage::Last:
         if constexpr (std::is_same_v<scalar_t, acc_t>) {
-          const auto fold = partials_ops(ops);
-          if (kind.stage == Stage::Middle) return f(unprojected(fold), std::type_identity<acc_t>(), std::false_type());
-          return f(fold, std::type_identity<kernel_out_t<scalar_t, decltype(fold)>>(), std::false_type());
+          auto fold = partials_ops(ops);  // not const: kernel_out_t compares the type
+          if (kind.stage == Stage::Middle) return f(unprojected(fold), TypeTag<acc_t>(), std::false_type());
+          return f(fold, TypeTag<kernel_out_t<scalar_t, decltype(fold)>>(), std::false_type());
         }
         TORCH_CHECK(false, "torch_reduce: a later stage of ", reduction_name(kind.reduction), " read ",
                     c10::CppTypeToScalarType<scalar_t>::value, ", not its accumulate type");

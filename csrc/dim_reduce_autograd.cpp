@@ -46,7 +46,15 @@ at::Tensor prod_of_others(const at::Tensor& x, const std::vector<int64_t>& dims)
   const at::Tensor permuted = x.permute(permutation);
   const at::Tensor rows = permuted.flatten(kept);
   const at::Tensor one = at::ones_like(rows.slice(-1, 0, 1));
-  const auto exclusive_prod = [&](const at::Tensor& t) { return at::cat({one, t.slice(-1, 0, -1)}, -1).cumprod(-1); };
+  // torch's CUDA scan of a single row (numel == the row's length) is CUB's decoupled look-back, whose float
+  // products group differently from run to run (the H200: a 2^22-element prod's gradient differed in 97% of
+  // its elements between runs); a second row of ones sends it to the per-row scan, whose order is fixed.
+  const auto scan = [](const at::Tensor& t) {
+    if (!t.is_cuda() || t.sym_numel() != t.sym_size(-1)) return t.cumprod(-1);
+    return at::cat({t.reshape({1, -1}), at::ones_like(t).reshape({1, -1})}, 0).cumprod(-1)[0].view_symint(
+        t.sym_sizes());
+  };
+  const auto exclusive_prod = [&](const at::Tensor& t) { return scan(at::cat({one, t.slice(-1, 0, -1)}, -1)); };
   const at::Tensor before = exclusive_prod(rows), after = exclusive_prod(rows.flip(-1)).flip(-1);
   return (before * after).reshape_symint(permuted.sym_sizes()).permute(inverse);
 }

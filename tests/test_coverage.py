@@ -114,6 +114,9 @@ def test_amax_amin_dim_none(name, device):
 
 # ----------------------------------------------------------------------------- uint16/uint32/uint64 ----
 
+SIGNED_OF = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
 def wide_unsigned(shape, dtype, device):
     """Values over the dtype's whole range (uint64 above 2^63 included): the sums and products wrap. Made on
     the CPU (torch's CUDA kernels for these dtypes are few) and copied."""
@@ -137,7 +140,9 @@ def unsigned_extreme(name, x, dim):
 def test_wide_unsigned(dtype, device):
     for shape, dim in PATHS + [((6, 9), (1, 0))]:
         x = wide_unsigned(shape, dtype, "cpu")
-        for view in (x.to(device), x.flip(0).to(device)):
+        # flip through the signed type of the same width: torch 2.11's CPU has no flip for these dtypes.
+        flipped = x.view(SIGNED_OF[dtype]).flip(0).view(dtype)
+        for view in (x.to(device), flipped.to(device)):
             for name in ("sum", "prod"):
                 if name == "prod" and not (dim is None or isinstance(dim, int)):  # torch.prod takes one dim
                     continue
@@ -387,6 +392,12 @@ def test_out_like_torch(name, device):
                     case = (name, inp.dtype, dtype, out_dtype, out_shape)
                     if name == "prod" and out_dtype.is_complex and err_t is None:  # no complex products here
                         assert isinstance(err_o, NotImplementedError) and "torch.prod does" in str(err_o), case
+                        continue
+                    if (err_t is None and name == "mean" and not out_dtype.is_floating_point
+                            and not out_dtype.is_complex):
+                        # torch 2.11's CUDA mean writes a float mean into an integer out; ours refuses with the
+                        # error torch's CPU gives (torch 2.14's too), never a silently truncated mean.
+                        assert isinstance(err_o, RuntimeError) and "can't be cast" in str(err_o), case
                         continue
                     if err_t is not None:
                         assert type(err_o) is type(err_t), (case, err_t, err_o)

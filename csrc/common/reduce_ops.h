@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #if defined(__CUDACC__)
 #define TR_HOST_DEVICE __host__ __device__ __forceinline__
@@ -20,15 +21,19 @@
 
 namespace torch_reduce {
 
+// Whether ops.transform(a) / ops.project(a) can be called on an accumulator a (so a member template that
+// enable_if removes counts as absent).
 template <typename Ops, typename = void>
 struct HasTransform : std::false_type {};
 template <typename Ops>
-struct HasTransform<Ops, std::void_t<decltype(&Ops::transform)>> : std::true_type {};
+struct HasTransform<Ops, std::void_t<decltype(std::declval<const Ops&>().transform(Ops::identity()))>>
+    : std::true_type {};
 
 template <typename Ops, typename = void>
 struct HasProject : std::false_type {};
 template <typename Ops>
-struct HasProject<Ops, std::void_t<decltype(&Ops::project)>> : std::true_type {};
+struct HasProject<Ops, std::void_t<decltype(std::declval<const Ops&>().project(Ops::identity()))>>
+    : std::true_type {};
 
 // An element of the input as the fold sees it: converted to the accumulate type, then transformed.
 template <typename acc_t, typename Ops, typename T>
@@ -59,8 +64,14 @@ struct OpsPart {
   Ops ops;
   static TR_HOST_DEVICE T identity() { return Ops::identity(); }
   TR_HOST_DEVICE T operator()(const T& a, const T& b) const { return ops(a, b); }
-  TR_HOST_DEVICE T transform(T x) const requires kTransform { return ops.transform(x); }
-  TR_HOST_DEVICE T project(const T& a) const requires kProject { return project_result(ops, a); }
+  template <bool kHas = kTransform, std::enable_if_t<kHas, int> = 0>
+  TR_HOST_DEVICE T transform(T x) const {
+    return ops.transform(x);
+  }
+  template <bool kHas = kProject, std::enable_if_t<kHas, int> = 0>
+  TR_HOST_DEVICE T project(const T& a) const {
+    return project_result(ops, a);
+  }
 };
 
 // `ops` itself when it transforms nothing (the same kernel as the first pass, so sum's second launch is the
