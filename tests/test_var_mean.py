@@ -77,7 +77,9 @@ def test_stable_with_large_mean(shape, device):
     for dim in (-1, None):
         var, mean = torch_reduce.var_mean(x, dim)
         ref_var, ref_mean = torch.var_mean(x.double(), dim)
-        torch.testing.assert_close(var.double(), ref_var, rtol=1e-4, atol=0)
+        # 1e-3: float32 Welford merges of partial means near 1e4 leave ~1e-4 of the variance (H200: 1.06e-4
+        # once); the lost-digits formula misses by 100%.
+        torch.testing.assert_close(var.double(), ref_var, rtol=1e-3, atol=0)
         torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-4, atol=0)
 
 
