@@ -88,7 +88,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_fwd(const at::Tensor& in
                                                             const std::optional<at::Tensor>& bias,
                                                             std::optional<double> eps_arg) {
   constexpr const char* op = kForwardName<kNorm>;
-  TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ", input.device());
+  TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ",
+              input.device());
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
   const double eps = norm_eps<kNorm>(eps_arg, input.scalar_type(), op);
   const at::Tensor x = input.contiguous(), w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
@@ -139,7 +140,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
     const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
   constexpr const char* op = kBackwardName<kNorm>;
-  TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ", input.device());
+  TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ",
+              input.device());
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
   check_norm_bwd(grad_out, input, mean, rstd, s, op);
   const at::Tensor x = input.contiguous(), dy = grad_out.contiguous(), w = contiguous_or_undefined(weight);

@@ -1,9 +1,9 @@
 // LayerNorm and RMSNorm backward on the GPU (one kernel, RowNorm says which), one pass over x and dy:
 //   LayerNorm: grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * weight, xhat = (x - mean) * rstd;
 //   RMSNorm:   grad_input = rstd * (g - xhat * mean(g * xhat)),            xhat = x * rstd;
-//   grad_weight (and LayerNorm's grad_bias) = column sums of dy * xhat (and dy), without float atomics: a resident grid of blocks
-//   walks the rows, each block sums its rows' columns into one partial row, and column_fold_kernel folds the
-//   partials in a fixed order (the same bits on every run). x and dy are read once: 3 x N elements of traffic
+//   grad_weight (and LayerNorm's grad_bias) = column sums of dy * xhat (and dy), without float atomics: a
+//   resident grid of blocks walks the rows, each block sums its rows' columns into one partial row, and
+//   column_fold_kernel folds the partials in a fixed order (the same bits on every run). x and dy are read once: 3 x N elements of traffic
 //   (torch reads them twice, once for grad_input and once for the column sums).
 // Row kernel (16-byte aligned rows): thread t of a row's group owns the same columns in every row it visits
 // (row_layout.cuh), so its column sums stay in registers, two accumulators an element, from the first row to
@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
   constexpr bool kLayer = kNorm == RowNorm::Layer;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   const unsigned group = threadIdx.x / GROUP, t = threadIdx.x % GROUP;
-  const int64_t vectors = cols / kSize, slots = param_sums(kNorm) * cols, step = static_cast<int64_t>(gridDim.x) * kGroups;
+  const int64_t vectors = cols / kSize, slots = param_sums(kNorm) * cols;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups;
   const acc_t inv_cols = acc_t(1) / static_cast<acc_t>(cols);
   // Vector k (column vector i) of tensor j (0: x, 1: dy) of the current row; again: the second pass.
   RowRegisters<scalar_t, kSource == RowSource::Held ? ITEMS : 1> xr, dyr;
@@ -283,12 +284,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
   TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
     with_tuning([&](auto tuning) {
       using Tuning = decltype(tuning);
-      // The tuning's numbers under their kernel-side names.
-      constexpr unsigned kWarpRowsBlock = Tuning::kWarpRowsBlock, kMaxRowBlock = Tuning::kMaxRowBlock;
-      constexpr unsigned kStreamingBlock = Tuning::kStreamingBlock;
-      constexpr unsigned kFoldTile = Tuning::kFoldTile, kFoldLanes = Tuning::kFoldLanes;
-      constexpr int kHeldItems = Tuning::template kHeldItems<scalar_t>;
-      constexpr int kRereadItems = Tuning::template kRereadItems<scalar_t>;
+      // The tuning's numbers are read as Tuning::k... in the lambdas below: local constexpr copies inside this
+      // function template's nested generic lambdas are not constant expressions to g++ in C++17.
       with_param_type<scalar_t>(s.param_type, [&](auto param) {
         using param_t = decltype(param);
         using acc_t = acc_type<scalar_t>;
@@ -323,18 +320,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         const int64_t vectors = cols / kSize;
         bool launched = false;
         if (aligned && cols % kSize == 0) {
-          using Items = std::integral_constant<int, kHeldItems>;
-          if (vectors <= int64_t{kMaxRowBlock} * Items::value) {
+          using Items = std::integral_constant<int, Tuning::template kHeldItems<scalar_t>>;
+          if (vectors <= int64_t{Tuning::kMaxRowBlock} * Items::value) {
             with_row_layout<Tuning, scalar_t, Items::value, Tuning::kMinBackwardBlock>(
                 rows, cols, true, sms * Tuning::kBackwardThreads, [&](auto group, auto block, auto, int64_t row_grid) {
                   launch_rows(group, block, Items(), Held(), row_grid);
                 });
             launched = true;
           }
-          if constexpr (kRereadItems > 0) {
-            using Block = std::integral_constant<unsigned, kMaxRowBlock>;
-            using Wide = std::integral_constant<int, kRereadItems>;
-            if (!launched && vectors <= int64_t{kMaxRowBlock} * Wide::value) {
+          if constexpr (Tuning::template kRereadItems<scalar_t> > 0) {
+            using Block = std::integral_constant<unsigned, Tuning::kMaxRowBlock>;
+            using Wide = std::integral_constant<int, Tuning::template kRereadItems<scalar_t>>;
+            if (!launched && vectors <= int64_t{Tuning::kMaxRowBlock} * Wide::value) {
               TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
               launch_rows(Block(), Block(), Wide(), Reread(), rows);
               launched = true;
@@ -342,7 +339,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
           }
         }
         if (!launched) {
-          const int64_t warp_rows = int64_t{kWarpSize} * kHeldItems * kSize;
+          const int64_t warp_rows = int64_t{kWarpSize} * Tuning::template kHeldItems<scalar_t> * kSize;
           const auto launch = [&](auto group, auto block, int64_t row_grid) {
             constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
             const auto kernel = row_norm_bwd_streaming_kernel<kNorm, kGroup, kBlock, scalar_t, param_t, acc_t>;
@@ -362,17 +359,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
           };
           TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
           if (cols <= warp_rows) {
-            launch(std::integral_constant<unsigned, kWarpSize>(), std::integral_constant<unsigned, kWarpRowsBlock>(),
-                   (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize));
+            constexpr unsigned kRowsPerBlock = Tuning::kWarpRowsBlock / kWarpSize;
+            launch(std::integral_constant<unsigned, kWarpSize>(),
+                   std::integral_constant<unsigned, Tuning::kWarpRowsBlock>(),
+                   (rows + kRowsPerBlock - 1) / kRowsPerBlock);
           } else {
-            launch(std::integral_constant<unsigned, kStreamingBlock>(),
-                   std::integral_constant<unsigned, kStreamingBlock>(), rows);
+            launch(std::integral_constant<unsigned, Tuning::kStreamingBlock>(),
+                   std::integral_constant<unsigned, Tuning::kStreamingBlock>(), rows);
           }
         }
         if (column_sums) {
-          const int64_t tiles = (slots + kFoldTile - 1) / kFoldTile;
+          const int64_t tiles = (slots + Tuning::kFoldTile - 1) / Tuning::kFoldTile;
           TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), op, ": normalized size too large: ", cols);
-          column_fold_kernel<Tuning, param_t, acc_t><<<tiles, kFoldTile * kFoldLanes, 0, stream>>>(
+          constexpr unsigned kFoldThreads = Tuning::kFoldTile * Tuning::kFoldLanes;
+          column_fold_kernel<Tuning, param_t, acc_t><<<tiles, kFoldThreads, 0, stream>>>(
               partials.const_data_ptr<acc_t>(), grid, slots, cols, partial_vectors,
               grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<param_t>() : nullptr,
               grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<param_t>() : nullptr);
