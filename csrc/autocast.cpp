@@ -1,8 +1,8 @@
 // Autocast: each op gets the policy torch gives its matching aten op (aten/src/ATen/autocast_mode.cpp).
 // On CUDA:
-//   layer_norm_fwd, rms_norm_fwd
-//                      as aten::layer_norm, rms_norm: fp32 (every floating input cast to float32, a float32
-//                      result);
+//   layer_norm_fwd     as aten::layer_norm: fp32 (every floating input cast to float32, a float32 result);
+//   rms_norm_fwd       as aten::rms_norm in the torch that runs: fp32 where torch casts it (its autocast lists
+//                      gained rms_norm after 2.11), else as called;
 //   sum, prod, vector_norm, the ladder
 //                      as aten::sum, prod, linalg_vector_norm: fp32_set_opt_dtype (a floating, non-double
 //                      input without dtype= reduces to float32; the ladder ops have no dtype=, so such an
@@ -81,7 +81,11 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_autocast(const at::Tensor& input
   static const auto op = typed_op<std::tuple<at::Tensor, at::Tensor>(
       const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&, std::optional<double>)>(
       "reduce::rms_norm_fwd");
+  static const bool torch_casts = c10::Dispatcher::singleton()
+                                      .findSchemaOrThrow("aten::rms_norm", "")
+                                      .hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA);
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  if (!torch_casts) return op.call(input, normalized_shape, weight, eps);
   return op.call(at::autocast::cached_cast(at::kFloat, input, kDevice), normalized_shape,
                  at::autocast::cached_cast(at::kFloat, weight, kDevice), eps);
 }
