@@ -68,8 +68,10 @@ __device__ __forceinline__ void fold_groups(const acc_t* columns, int64_t slots,
   }
 }
 
+// kGradSum: grad_sum is given (a fused add + norm's backward). A template flag, so the ordinary kernels keep
+// their registers: the load and add spilled the wide-row kernels of 512 threads (ptxas: 88 bytes).
 template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, RowSource kSource,
-          typename scalar_t, typename param_t, typename acc_t>
+          bool kGradSum, typename scalar_t, typename param_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
     row_norm_bwd_rows_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
                                const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
     const acc_t mean_g = kLayer ? sums.first * inv_cols : acc_t(0), mean_gx = sums.second * inv_cols;
     visit_row(true, [&](int k, int64_t i, const V& xv, const V& dv, const acc_t(&wv)[kSize]) {
       V o, gs = {};
-      if (grad_sum != nullptr && grad_in != nullptr) {
+      if (kGradSum && grad_in != nullptr) {
         gs = load_vector(reinterpret_cast<const V*>(grad_sum + row * cols) + i);
       }
 #pragma unroll
@@ -184,7 +186,8 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
 // The streaming kernel: as above, element by element, each thread adding its columns' dy * xhat and dy into
 // its group's param_sums * cols accumulators (`columns`: dynamic shared memory, or global scratch when given),
 // folded over the block's groups in order into the block's partial row at the end.
-template <RowNorm kNorm, unsigned GROUP, unsigned BLOCK, typename scalar_t, typename param_t, typename acc_t>
+template <RowNorm kNorm, unsigned GROUP, unsigned BLOCK, bool kGradSum, typename scalar_t, typename param_t,
+          typename acc_t>
 __global__ void __launch_bounds__(BLOCK)
     row_norm_bwd_streaming_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
                                     const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
@@ -228,7 +231,7 @@ __global__ void __launch_bounds__(BLOCK)
         if (kLayer) bias_sums[j] += d;
       }
       if (grad_in != nullptr) {
-        const acc_t extra = grad_sum != nullptr ? static_cast<acc_t>(grad_sum[row * cols + j]) : acc_t(0);
+        const acc_t extra = kGradSum ? static_cast<acc_t>(grad_sum[row * cols + j]) : acc_t(0);
         grad_in[row * cols + j] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx) + extra);
       }
     }
@@ -316,16 +319,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
           if (column_sums) partials = at::empty({grid, slots}, stat_options);
           return column_sums ? partials.mutable_data_ptr<acc_t>() : nullptr;
         };
+        // f(std::bool_constant<grad_sum given>()).
+        const auto with_grad_sum = [&](auto f) { return gsp != nullptr ? f(std::true_type()) : f(std::false_type()); };
         const auto launch_rows = [&](auto group, auto block, auto items, auto source, int64_t row_grid) {
-          constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
-          const auto kernel = row_norm_bwd_rows_kernel<Tuning, kNorm, kGroup, kBlock, decltype(items)::value,
-                                                       decltype(source)::value, scalar_t, param_t, acc_t>;
-          // Warp rows meet in shared memory at the end: four groups' columns (at most 24 KiB).
-          const size_t shared_bytes = kBlock == kGroup ? 0 : (kBlock / kGroup) * slots * sizeof(acc_t);
-          acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
-          partial_vectors = cols / Vec16<scalar_t>::kSize;
-          kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols, partial_ptr);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          with_grad_sum([&](auto grad_sum_given) {
+            constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
+            const auto kernel =
+                row_norm_bwd_rows_kernel<Tuning, kNorm, kGroup, kBlock, decltype(items)::value, decltype(source)::value,
+                                         decltype(grad_sum_given)::value, scalar_t, param_t, acc_t>;
+            // Warp rows meet in shared memory at the end: four groups' columns (at most 24 KiB).
+            const size_t shared_bytes = kBlock == kGroup ? 0 : (kBlock / kGroup) * slots * sizeof(acc_t);
+            acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
+            partial_vectors = cols / Vec16<scalar_t>::kSize;
+            kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols, partial_ptr);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
         };
         using Held = std::integral_constant<RowSource, RowSource::Held>;
         using Reread = std::integral_constant<RowSource, RowSource::Reread>;
@@ -354,21 +362,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         if (!launched) {
           const int64_t warp_rows = int64_t{kWarpSize} * Tuning::template kHeldItems<scalar_t> * kSize;
           const auto launch = [&](auto group, auto block, int64_t row_grid) {
-            constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
-            const auto kernel = row_norm_bwd_streaming_kernel<kNorm, kGroup, kBlock, scalar_t, param_t, acc_t>;
-            // The column accumulators live in shared memory when two blocks' worth fit on an SM.
-            const int64_t column_bytes = column_sums ? (kBlock / kGroup) * slots * int64_t{sizeof(acc_t)} : 0;
-            const bool in_shared = column_bytes <= static_cast<int64_t>(allow_max_dynamic_shared(kernel) / 2);
-            const size_t shared_bytes = in_shared ? static_cast<size_t>(column_bytes) : 0;
-            acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
-            at::Tensor scratch;
-            if (!in_shared && column_sums) {
-              scratch = at::empty({grid, column_bytes / int64_t{sizeof(acc_t)}}, stat_options);
-            }
-            acc_t* scratch_ptr = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
-            kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols, scratch_ptr,
-                                                           partial_ptr);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            with_grad_sum([&](auto grad_sum_given) {
+              constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
+              const auto kernel = row_norm_bwd_streaming_kernel<kNorm, kGroup, kBlock, decltype(grad_sum_given)::value,
+                                                                scalar_t, param_t, acc_t>;
+              // The column accumulators live in shared memory when two blocks' worth fit on an SM.
+              const int64_t column_bytes = column_sums ? (kBlock / kGroup) * slots * int64_t{sizeof(acc_t)} : 0;
+              const bool in_shared = column_bytes <= static_cast<int64_t>(allow_max_dynamic_shared(kernel) / 2);
+              const size_t shared_bytes = in_shared ? static_cast<size_t>(column_bytes) : 0;
+              acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
+              at::Tensor scratch;
+              if (!in_shared && column_sums) {
+                scratch = at::empty({grid, column_bytes / int64_t{sizeof(acc_t)}}, stat_options);
+              }
+              acc_t* scratch_ptr = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
+              kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols, scratch_ptr,
+                                                             partial_ptr);
+              C10_CUDA_KERNEL_LAUNCH_CHECK();
+            });
           };
           TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
           if (cols <= warp_rows) {

@@ -29,8 +29,10 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t v) {
   }
 }
 
-template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t,
-          typename param_t, typename acc_t>
+// kResidual: a fused add + norm (residual and sum_out given). A template flag, so the ordinary kernels keep
+// their registers: as a run-time branch the add spilled the float32 LayerNorm kernels (ptxas, sm_90).
+template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, bool kInRegisters, bool kResidual,
+          typename scalar_t, typename param_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
     row_norm_fwd_kernel(const scalar_t* __restrict__ in, const scalar_t* __restrict__ residual,
                         const param_t* __restrict__ weight, const param_t* __restrict__ bias,
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   const int64_t vectors = cols / Vec16<scalar_t>::kSize;
   RowRegisters<scalar_t, kItems> regs;
   if constexpr (kInRegisters) load_row<GROUP>(regs, x, vectors, t);
-  if (residual != nullptr) {  // the row is x + residual from here on
+  if constexpr (kResidual) {  // the row is x + residual from here on
     scalar_t* sum = sum_out + row * cols;
     if constexpr (kInRegisters) {
       add_residual<GROUP, acc_t>(regs, residual + row * cols, sum, vectors, t);
@@ -150,12 +152,14 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
         with_row_layout<Tuning, scalar_t, Tuning::kItems, Tuning::kMinRowBlock>(
             s.rows, s.cols, aligned, multiprocessors() * Tuning::kOneTensorThreads,
             [&](auto group, auto block, auto in_registers, int64_t grid) {
-          row_norm_fwd_kernel<Tuning, kNorm, decltype(group)::value, decltype(block)::value,
-                              decltype(in_registers)::value, scalar_t, param_t, acc_t>
-              <<<grid, decltype(block)::value, 0, stream>>>(xp, rp, wp, bp, yp, sp, mp,
-                                                            rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols,
-                                                            static_cast<acc_t>(eps));
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          const auto launch = [&](auto residual_given) {
+            row_norm_fwd_kernel<Tuning, kNorm, decltype(group)::value, decltype(block)::value,
+                                decltype(in_registers)::value, decltype(residual_given)::value, scalar_t, param_t,
+                                acc_t><<<grid, decltype(block)::value, 0, stream>>>(
+                xp, rp, wp, bp, yp, sp, mp, rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols, static_cast<acc_t>(eps));
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          rp != nullptr ? launch(std::true_type()) : launch(std::false_type());
         });
       });
     });
