@@ -34,4 +34,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
     const at::Tensor& rstd, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     std::array<bool, 3> output_mask);
 
+// The global gradient norm in torch's own ops (torch._foreach_norm's slow path, get_total_norm's stack and norm,
+// clip_grads_with_norm_'s multiply).
+std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
+at::Tensor total_norm(at::TensorList tensors, double ord);
+void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm);
+
 }  // namespace torch_reduce::composite
