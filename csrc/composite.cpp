@@ -120,7 +120,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
   check_norm_list(tensors, ord, dtype, "reduce::foreach_norm");
   std::vector<at::Tensor> norms;
-  for (const at::Tensor& t : tensors) norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), false, dtype));
+  for (const at::Tensor& t : tensors)
+    norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), /*keepdim=*/false, dtype));
   return norms;
 }
 
@@ -128,7 +129,8 @@ at::Tensor total_norm(at::TensorList tensors, double ord) {
   check_norm_list(tensors, ord, std::nullopt, "reduce::total_norm");
   std::vector<at::Tensor> norms;
   for (const at::Tensor& t : tensors)
-    norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), false, std::nullopt).to(tensors[0].device()));
+    norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), /*keepdim=*/false, std::nullopt)
+                        .to(tensors[0].device()));
   return at::linalg_vector_norm(at::stack(norms), ord);
 }
 

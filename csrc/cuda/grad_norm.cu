@@ -132,7 +132,8 @@ __device__ __forceinline__ acc_t fold_chunk(const scalar_t* x, int64_t n, const 
 #pragma unroll
       for (int k = 0; k < kLoads<Tuning>; ++k) acc = ops(acc, fold_vector<acc_t>(held[k], ops));
     } else {
-      for (int64_t k = threadIdx.x; k < count; k += kBlock) acc = ops(acc, fold_vector<acc_t>(load_vector(vectors + k), ops));
+      for (int64_t k = threadIdx.x; k < count; k += kBlock)
+        acc = ops(acc, fold_vector<acc_t>(load_vector(vectors + k), ops));
     }
     scalar_from = count * kVector;
   }
@@ -169,7 +170,8 @@ __global__ void __launch_bounds__(Tuning::kFoldBlock)
   const unsigned lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   for (int i = warp; i < table.count; i += kWarps) {
     acc_t acc = Ops::identity();
-    for (int64_t c = table.first_chunk[i] + lane; c < table.first_chunk[i + 1]; c += kWarpSize) acc = ops(acc, partials[c]);
+    for (int64_t c = table.first_chunk[i] + lane; c < table.first_chunk[i + 1]; c += kWarpSize)
+      acc = ops(acc, partials[c]);
     acc = warp_reduce(acc, ops);
     if (lane == 0) {
       tensor_accumulators[i] = acc;
@@ -446,7 +448,8 @@ void clip_grads_cuda(at::TensorList grads, const at::Tensor& total_norm, double 
         g.mul_(clip_coefficient(total_here, max_norm));  // torch's own in-place rules (and errors) for the rest
       }
     }
-    if (!dense.empty()) with_tuning([&](auto tuning) { launch_clip_scale<decltype(tuning)>(dense, total_here, max_norm); });
+    if (dense.empty()) return;
+    with_tuning([&](auto tuning) { launch_clip_scale<decltype(tuning)>(dense, total_here, max_norm); });
   });
 }
 
