@@ -1,5 +1,8 @@
 #include "grad_norm.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -83,6 +86,61 @@ at::Tensor combine_totals(const std::vector<at::Tensor>& totals, double ord) {
   for (const at::Tensor& t : totals) here.push_back(t.to(first));
   const at::Tensor stacked = at::stack(here);
   return ord == 0 ? stacked.sum() : at::linalg_vector_norm(stacked, ord);
+}
+
+namespace {
+
+// Sparse COO gradients (nn.Embedding(sparse=True)'s), as torch takes them: a sparse tensor's norm is its coalesced
+// values' (torch's too, implicit zeros left out for every order), computed by the dense kernels.
+std::vector<at::Tensor> norm_operands(at::TensorList tensors) {
+  std::vector<at::Tensor> operands;
+  for (const at::Tensor& t : tensors) operands.push_back(t.is_sparse() ? t.coalesce()._values() : t);
+  return operands;
+}
+
+std::vector<at::Tensor> foreach_norm_sparse(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("reduce::foreach_norm", "")
+          .typed<std::vector<at::Tensor>(at::TensorList, double, std::optional<at::ScalarType>)>();
+  return op.call(norm_operands(tensors), ord, dtype);
+}
+
+at::Tensor total_norm_sparse(at::TensorList tensors, double ord) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("reduce::total_norm", "")
+                             .typed<at::Tensor(at::TensorList, double)>();
+  return op.call(norm_operands(tensors), ord);
+}
+
+void clip_grads_sparse(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("reduce::clip_grads_", "")
+                             .typed<void(at::TensorList, const at::Tensor&, double)>();
+  check_clip_grads(grads, total_norm, "reduce::clip_grads_");
+  std::vector<at::Tensor> dense;
+  for (const at::Tensor& g : grads) {
+    if (g.is_sparse()) {
+      g.mul_(clip_coefficient(total_norm.to(g.device()), max_norm));
+    } else {
+      dense.push_back(g);
+    }
+  }
+  if (!dense.empty()) op.call(dense, total_norm, max_norm);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reduce, SparseCPU, m) {
+  m.impl("foreach_norm", &foreach_norm_sparse);
+  m.impl("total_norm", &total_norm_sparse);
+  m.impl("clip_grads_", &clip_grads_sparse);
+}
+
+TORCH_LIBRARY_IMPL(reduce, SparseCUDA, m) {
+  m.impl("foreach_norm", &foreach_norm_sparse);
+  m.impl("total_norm", &total_norm_sparse);
+  m.impl("clip_grads_", &clip_grads_sparse);
 }
 
 }  // namespace torch_reduce

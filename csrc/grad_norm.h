@@ -4,9 +4,10 @@
 // torch.nn.utils.clip_grads_with_norm_). The checks, the device grouping and the clip coefficient are shared by
 // the CPU and CUDA kernels; torch_reduce/grad_norm.py builds clip_grad_norm_ on them.
 //
-// A list may mix devices and dtypes. The dispatcher sends a list holding a CUDA tensor to the CUDA kernel,
-// which runs each device's tensors there (the CPU's through the CPU kernel) in one pass per device; the
-// totals of several devices are combined on the first tensor's device, as torch combines its groups.
+// A list may mix devices and dtypes, and hold sparse COO gradients (their values go to the dense kernels). The
+// dispatcher sends a list holding a CUDA tensor to the CUDA kernel, which runs each device's tensors there (the
+// CPU's through the CPU kernel) in one pass per device; the totals of several devices are combined on the first
+// tensor's device, as torch combines its groups.
 #include <ATen/ATen.h>
 
 #include <optional>

@@ -261,6 +261,28 @@ def test_non_contiguous_grads(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [2, 1, INF, 0, -INF, 1.5, -1], ids=str)
+def test_sparse_gradients(ord, device):
+    """nn.Embedding(sparse=True)'s gradients: uncoalesced COO tensors beside dense ones, as torch takes them."""
+    index = torch.tensor([[0, 3, 3, 7], [1, 2, 2, 0]], device=device)
+    sparse = torch.sparse_coo_tensor(index, torch.randn(4, device=device), (9, 4))
+    tensors = [torch.randn(5, device=device), sparse]
+    if empty_allowed(ord):
+        tensors.append(torch.sparse_coo_tensor(index[:, :0], torch.randn(0), (9, 4)).to(device))
+    for got, want in zip(torch_reduce.foreach_norm(tensors, ord), torch._foreach_norm(tensors, ord)):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch_reduce.get_total_norm(tensors, ord), torch.nn.utils.get_total_norm(tensors, ord))
+    params = [torch.nn.Parameter(t.to_dense()) for t in tensors]
+    for p, t in zip(params, tensors):
+        p.grad = t.clone()
+    theirs = clone_params(params)
+    torch.testing.assert_close(torch_reduce.clip_grad_norm_(params, 0.1, ord),
+                               torch.nn.utils.clip_grad_norm_(theirs, 0.1, ord))
+    for p, q in zip(params, theirs):
+        torch.testing.assert_close(p.grad.to_dense(), q.grad.to_dense())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_gpt2_small_shaped_list(device):
     """The 148 tensors of GPT-2 small, scaled down on the CPU (vocabulary 5,025, 192 positions, width 96)."""
     shapes = gpt2_small_shapes() if device == "cuda" else gpt2_small_shapes(vocab=5025, positions=192, d=96)
@@ -339,6 +361,34 @@ def test_gradients_are_torchs(ord, device):
     (gy,) = torch.autograd.grad(their_total, ys[1])
     torch.testing.assert_close(gx, gy)
     assert torch.autograd.gradcheck(lambda *t: tuple(torch_reduce.foreach_norm(t, ord)), tuple(xs))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_forward_mode_and_transforms(device):
+    xs = tuple(torch.randn(s, device=device, dtype=torch.float64, requires_grad=True) for s in [(5,), (3, 4)])
+    assert torch.autograd.gradgradcheck(lambda *t: tuple(torch_reduce.foreach_norm(t, 3.0)), xs)
+    tangents = tuple(torch.randn_like(x) for x in xs)
+    primals = tuple(x.detach() for x in xs)
+    ours = torch.func.jvp(lambda *t: tuple(torch_reduce.foreach_norm(t)), primals, tangents)
+    theirs = torch.func.jvp(lambda *t: tuple(torch.linalg.vector_norm(x) for x in t), primals, tangents)
+    torch.testing.assert_close(ours, theirs)
+    ours = torch.func.grad(lambda t: torch.ops.reduce.total_norm([t, t * 2], 2.0))(primals[1])
+
+    def their_total(t):
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t), torch.linalg.vector_norm(t * 2)]))
+
+    torch.testing.assert_close(ours, torch.func.grad(their_total)(primals[1]))
+
+
+def test_compiled_gradients():
+    torch._dynamo.reset()
+    xs = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in [(5,), (3, 4)]]
+    ys = [x.detach().clone().requires_grad_() for x in xs]
+    loss = torch.compile(lambda t: sum(n * n for n in torch_reduce.foreach_norm(t, 1.5)), fullgraph=True)(xs)
+    loss.backward()
+    sum(torch.linalg.vector_norm(y, 1.5) ** 2 for y in ys).backward()
+    for x, y in zip(xs, ys):
+        torch.testing.assert_close(x.grad, y.grad)
 
 
 def test_clip_grad_norm_runs_under_no_grad():
