@@ -61,6 +61,7 @@ torch_reduce.get_total_norm([torch.randn(3, device="cuda") for _ in range(1100)]
 params = [torch.nn.Parameter(g) for g in grads]
 for p in params:
     p.grad = torch.randn_like(p)
+params[-3].grad = torch.randn(4097, device="cuda")[1:]  # misaligned
 torch_reduce.clip_grad_norm_(params, 0.1)
 torch.cuda.synchronize()
 print("sanitize run done")
