@@ -135,12 +135,14 @@ TORCH_LIBRARY_IMPL(reduce, SparseCPU, m) {
   m.impl("foreach_norm", &foreach_norm_sparse);
   m.impl("total_norm", &total_norm_sparse);
   m.impl("clip_grads_", &clip_grads_sparse);
+  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm_sparse, &clip_grads_sparse>);
 }
 
 TORCH_LIBRARY_IMPL(reduce, SparseCUDA, m) {
   m.impl("foreach_norm", &foreach_norm_sparse);
   m.impl("total_norm", &total_norm_sparse);
   m.impl("clip_grads_", &clip_grads_sparse);
+  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm_sparse, &clip_grads_sparse>);
 }
 
 }  // namespace torch_reduce

@@ -74,4 +74,14 @@ at::Tensor total_norm(at::TensorList tensors, double ord);
 void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm);
 }  // namespace cpu
 
+// clip_grad_norm_ from a backend's total_norm and clip_grads_.
+using TotalNormKernel = at::Tensor (*)(at::TensorList, double);
+using ClipGradsKernel = void (*)(at::TensorList, const at::Tensor&, double);
+template <TotalNormKernel kTotalNorm, ClipGradsKernel kClipGrads>
+at::Tensor clip_grad_norm(at::TensorList grads, double max_norm, double norm_type) {
+  at::Tensor total = kTotalNorm(grads, norm_type);
+  kClipGrads(grads, total, max_norm);
+  return total;
+}
+
 }  // namespace torch_reduce

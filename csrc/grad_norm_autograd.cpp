@@ -1,7 +1,7 @@
 // Autograd for the global gradient norm. A call that autograd records (grad mode on and a tensor requiring grad),
 // or that a functorch transform or forward-mode AD sees, takes the composite path (composite.h): torch's own ops,
 // so it gets torch's gradients in every mode. clip_grad_norm_ runs under no_grad, as torch's does, and never
-// takes it. clip_grads_ bumps each gradient's version, as an in-place op must.
+// takes it. clip_grads_ and clip_grad_norm_ bump each gradient's version, as an in-place op must.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
@@ -54,12 +54,27 @@ void clip_grads_autograd(at::TensorList grads, const at::Tensor& total_norm, dou
   for (const at::Tensor& g : grads) torch::autograd::increment_version(g);
 }
 
+at::Tensor clip_grad_norm_autograd(at::TensorList grads, double max_norm, double norm_type) {
+  if (any_records_grad(grads) || any_needs_composite(grads)) {
+    at::Tensor total = composite::total_norm(grads, norm_type);
+    composite::clip_grads_(grads, total, max_norm);
+    return total;
+  }
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("reduce::clip_grad_norm_", "")
+                             .typed<at::Tensor(at::TensorList, double, double)>();
+  at::Tensor total = call_below_autograd(op, grads, max_norm, norm_type);
+  for (const at::Tensor& g : grads) torch::autograd::increment_version(g);
+  return total;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reduce, Autograd, m) {
   m.impl("foreach_norm", &foreach_norm_autograd);
   m.impl("total_norm", &total_norm_autograd);
   m.impl("clip_grads_", &clip_grads_autograd);
+  m.impl("clip_grad_norm_", &clip_grad_norm_autograd);
 }
 
 }  // namespace torch_reduce

@@ -333,11 +333,22 @@ def test_clip_grads_checks():
         torch.ops.reduce.clip_grads_([torch.ones(3, dtype=torch.long)], torch.tensor(1.0), 1.0)
 
 
-def test_clip_grads_bumps_versions():
+def test_clip_grads_bump_versions():
     g = torch.randn(5)
     version = g._version
     torch.ops.reduce.clip_grads_([g], torch.tensor(10.0), 1.0)
     assert g._version > version
+    version = g._version
+    torch.ops.reduce.clip_grad_norm_([g], 1.0, 2.0)
+    assert g._version > version
+
+
+def test_fused_clip_checks_like_its_parts():
+    for device in ("cpu", "meta"):
+        with pytest.raises(RuntimeError, match="Expected a floating point"):
+            torch.ops.reduce.clip_grad_norm_([torch.ones(3, dtype=torch.long, device=device)], 1.0, 2.0)
+        with pytest.raises(RuntimeError, match="infinity norm on an empty tensor"):
+            torch.ops.reduce.clip_grad_norm_([torch.ones(0, device=device)], 1.0, INF)
 
 
 # ------------------------------------------------------------------- autograd, fake kernels, compile ----
@@ -407,6 +418,7 @@ def test_opcheck(device):
         torch.library.opcheck(torch.ops.reduce.total_norm.default, (tensors, 1.5))
         total = torch.ops.reduce.total_norm(tensors, 2.0)
         torch.library.opcheck(torch.ops.reduce.clip_grads_.default, (tensors, total, 0.1))
+        torch.library.opcheck(torch.ops.reduce.clip_grad_norm_.default, (tensors, 0.1, 2.0))
     grads = [torch.randn(4, device=device, requires_grad=True)]
     torch.library.opcheck(torch.ops.reduce.foreach_norm.default, (grads, 2.0, None))
 

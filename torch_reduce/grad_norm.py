@@ -83,8 +83,12 @@ def clip_grad_norm_(parameters: _Tensors, max_norm: float, norm_type: float = 2.
         parameters = list(parameters)
         if is_generator and len(parameters) == 0:
             warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=3)
-    grads = [p.grad for p in parameters if p.grad is not None]
-    total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
-    if grads:
-        torch.ops.reduce.clip_grads_(grads, total_norm, float(max_norm))
-    return total_norm
+    grads = [p.grad for p in parameters]
+    grads = [g for g in grads if g is not None]
+    if error_if_nonfinite or len(grads) == 0:
+        total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+        if grads:
+            torch.ops.reduce.clip_grads_(grads, total_norm, float(max_norm))
+        return total_norm
+    _check_foreach(grads, foreach)
+    return torch.ops.reduce.clip_grad_norm_(grads, float(max_norm), float(norm_type))

@@ -324,15 +324,26 @@ def _total_norm_fake(tensors, ord=2.0):
     return tensors[0].new_empty((), dtype=result_dtype)
 
 
-@torch.library.register_fake("reduce::clip_grads_")
-def _clip_grads_fake(grads, total_norm, max_norm):
-    op = "reduce::clip_grads_"
+def _check_grads(op: str, grads) -> None:
     if len(grads) == 0:
         raise RuntimeError("Tensor list must have at least one tensor.")
     for g in grads:
         if g.dtype not in _FLOATS:
             raise RuntimeError(f"{op}: expected float32, float64, float16 or bfloat16 gradients, got "
                                f"{_c10_name(g.dtype)}")
+
+
+@torch.library.register_fake("reduce::clip_grad_norm_")
+def _clip_grad_norm_fake(grads, max_norm, norm_type=2.0):
+    total = _total_norm_fake(grads, norm_type)
+    _check_grads("reduce::clip_grads_", grads)
+    return total
+
+
+@torch.library.register_fake("reduce::clip_grads_")
+def _clip_grads_fake(grads, total_norm, max_norm):
+    op = "reduce::clip_grads_"
+    _check_grads(op, grads)
     if total_norm.dim() != 0 or total_norm.dtype not in _FLOATS:
         raise RuntimeError(f"{op}: total_norm must be a 0-dim floating tensor, got shape {list(total_norm.shape)} of "
                            f"{_c10_name(total_norm.dtype)}")

@@ -99,6 +99,7 @@ TORCH_LIBRARY_IMPL(reduce, CPU, m) {
   m.impl("foreach_norm", &foreach_norm);
   m.impl("total_norm", &total_norm);
   m.impl("clip_grads_", &clip_grads_);
+  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm, &clip_grads_>);
 }
 
 }  // namespace torch_reduce::cpu

@@ -459,6 +459,7 @@ TORCH_LIBRARY_IMPL(reduce, CUDA, m) {
   m.impl("foreach_norm", &foreach_norm_cuda);
   m.impl("total_norm", &total_norm_cuda);
   m.impl("clip_grads_", &clip_grads_cuda);
+  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>);
 }
 
 }  // namespace torch_reduce::cuda
