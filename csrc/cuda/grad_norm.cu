@@ -261,7 +261,7 @@ struct ListTables {
   std::vector<Table> tables;
   std::vector<int64_t> first_partial;  // per table, and at the end the partials of all
 
-  explicit ListTables(const std::vector<at::Tensor>& dense) {
+  explicit ListTables(at::TensorList dense) {
     const int64_t n = static_cast<int64_t>(dense.size());
     first_partial.push_back(0);
     for (int64_t start = 0; start < n; start += Tuning::kListTensors) {
@@ -286,14 +286,13 @@ int64_t persistent_grid(Kernel kernel, unsigned block, int64_t chunks) {
   return std::min<int64_t>(chunks, resident_blocks_per_sm(kernel, static_cast<int>(block)) * multiprocessors());
 }
 
-// The norms of a device's dense tensors: each tensor's into `norms` (when given: foreach_norm), the total into
-// `total` (when defined: total_norm). `wide`: accumulate in float64.
+// The norms of a device's dense tensors (`lists`, on `device`): each tensor's into `norms` (when given:
+// foreach_norm), the total into `total` (when defined: total_norm). `wide`: accumulate in float64.
 template <typename Tuning>
-void launch_norms(const std::vector<at::Tensor>& dense, double ord, bool wide, const std::vector<at::Tensor>& norms,
-                  const at::Tensor& total) {
-  const ListTables<Tuning> lists(dense);
+void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord, bool wide,
+                  const std::vector<at::Tensor>& norms, const at::Tensor& total) {
   const int64_t tables = static_cast<int64_t>(lists.tables.size());
-  const auto options = dense[0].options().dtype(wide ? at::kDouble : at::kFloat);
+  const auto options = at::TensorOptions().device(device).dtype(wide ? at::kDouble : at::kFloat);
   const at::Tensor partials = at::empty({lists.first_partial.back()}, options);
   const at::Tensor table_accumulators = at::empty({tables}, options);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -352,8 +351,7 @@ void launch_norms(const std::vector<at::Tensor>& dense, double ord, bool wide, c
 }
 
 template <typename Tuning>
-void launch_clip_scale(const std::vector<at::Tensor>& dense, const at::Tensor& total_norm, double max_norm) {
-  const ListTables<Tuning> lists(dense);
+void launch_clip_scale(const ListTables<Tuning>& lists, const at::Tensor& total_norm, double max_norm) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   TORCH_REDUCE_DISPATCH_FLOATING(total_norm.scalar_type(), "reduce::clip_grads_", [&] {
     const auto kernel = clip_scale_kernel<Tuning, scalar_t>;
@@ -399,7 +397,10 @@ std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, st
         wide = wide || t.scalar_type() == at::kDouble;
         group_norms.push_back(at::empty({}, t.options().dtype(dtype.value_or(t.scalar_type()))));
       }
-      with_tuning([&](auto tuning) { launch_norms<decltype(tuning)>(dense, ord, wide, group_norms, at::Tensor()); });
+      with_tuning([&](auto tuning) {
+        using Tuning = decltype(tuning);
+        launch_norms(ListTables<Tuning>(dense), device, ord, wide, group_norms, at::Tensor());
+      });
     }
     for (size_t k = 0; k < positions.size(); ++k) norms[positions[k]] = group_norms[k];
   });
@@ -424,7 +425,10 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
       wide = wide || t.scalar_type() == at::kDouble;
     }
     const at::Tensor total = at::empty({}, group[0].options().dtype(result_type));
-    with_tuning([&](auto tuning) { launch_norms<decltype(tuning)>(dense, ord, wide, {}, total); });
+    with_tuning([&](auto tuning) {
+      using Tuning = decltype(tuning);
+      launch_norms(ListTables<Tuning>(dense), device, ord, wide, {}, total);
+    });
     totals.push_back(total);
   });
   return totals.size() == 1 ? totals[0] : combine_totals(totals, ord);
@@ -449,8 +453,30 @@ void clip_grads_cuda(at::TensorList grads, const at::Tensor& total_norm, double 
       }
     }
     if (dense.empty()) return;
-    with_tuning([&](auto tuning) { launch_clip_scale<decltype(tuning)>(dense, total_here, max_norm); });
+    with_tuning([&](auto tuning) { launch_clip_scale(ListTables<decltype(tuning)>(dense), total_here, max_norm); });
   });
+}
+
+// One CUDA device and dense gradients (the common case): one pass over the list checks it and builds the tables
+// that both the norm's and the scaling's launches read. Any other list: total_norm, then clip_grads_.
+at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double norm_type) {
+  check_norm_list(grads, norm_type, std::nullopt, "reduce::clip_grad_norm_");
+  const at::Device device = grads[0].device();
+  bool wide = false, one_dense_cuda_list = device.is_cuda();
+  for (const at::Tensor& g : grads) {
+    one_dense_cuda_list = one_dense_cuda_list && g.device() == device && g.is_non_overlapping_and_dense();
+    wide = wide || g.scalar_type() == at::kDouble;
+  }
+  if (!one_dense_cuda_list) return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type);
+  const c10::cuda::CUDAGuard guard(device);
+  check_kernel_image_for_current_device();
+  const at::Tensor total = at::empty({}, grads[0].options().dtype(total_norm_dtype(grads)));
+  with_tuning([&](auto tuning) {
+    const ListTables<decltype(tuning)> lists(grads);
+    launch_norms(lists, device, norm_type, wide, {}, total);
+    launch_clip_scale(lists, total, max_norm);
+  });
+  return total;
 }
 
 }  // namespace
@@ -459,7 +485,7 @@ TORCH_LIBRARY_IMPL(reduce, CUDA, m) {
   m.impl("foreach_norm", &foreach_norm_cuda);
   m.impl("total_norm", &total_norm_cuda);
   m.impl("clip_grads_", &clip_grads_cuda);
-  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>);
+  m.impl("clip_grad_norm_", &clip_grad_norm_cuda);
 }
 
 }  // namespace torch_reduce::cuda
