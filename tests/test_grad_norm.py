@@ -265,10 +265,10 @@ def test_non_contiguous_grads(device):
 def test_sparse_gradients(ord, device):
     """nn.Embedding(sparse=True)'s gradients: uncoalesced COO tensors beside dense ones, as torch takes them."""
     index = torch.tensor([[0, 3, 3, 7], [1, 2, 2, 0]], device=device)
-    sparse = torch.sparse_coo_tensor(index, torch.randn(4, device=device), (9, 4))
+    sparse = torch.sparse_coo_tensor(index, torch.randn(4, device=device), (9, 4), check_invariants=True)
     tensors = [torch.randn(5, device=device), sparse]
     if empty_allowed(ord):
-        tensors.append(torch.sparse_coo_tensor(index[:, :0], torch.randn(0), (9, 4)).to(device))
+        tensors.append(torch.sparse_coo_tensor(index[:, :0], torch.randn(0), (9, 4), check_invariants=True).to(device))
     for got, want in zip(torch_reduce.foreach_norm(tensors, ord), torch._foreach_norm(tensors, ord)):
         torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch_reduce.get_total_norm(tensors, ord), torch.nn.utils.get_total_norm(tensors, ord))
