@@ -4,6 +4,7 @@
 
 #include "autograd_util.h"
 #include "common/dispatch.h"
+#include "grad_norm.h"
 #include "ladder.h"
 #include "layernorm.h"
 
@@ -178,6 +179,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd(const at::Tensor
   const at::Tensor sum = input + residual;
   auto [out, rstd] = rms_norm_fwd(sum, normalized_shape, weight, eps);
   return {out, sum, rstd};
+}
+
+std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
+  check_norm_list(tensors, ord, dtype, "reduce::foreach_norm");
+  std::vector<at::Tensor> norms;
+  for (const at::Tensor& t : tensors)
+    norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), /*keepdim=*/false, dtype));
+  return norms;
+}
+
+at::Tensor total_norm(at::TensorList tensors, double ord) {
+  check_norm_list(tensors, ord, std::nullopt, "reduce::total_norm");
+  std::vector<at::Tensor> norms;
+  for (const at::Tensor& t : tensors)
+    norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), /*keepdim=*/false, std::nullopt)
+                        .to(tensors[0].device()));
+  return at::linalg_vector_norm(at::stack(norms), ord);
+}
+
+void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {
+  check_clip_grads(grads, total_norm, "reduce::clip_grads_");
+  const at::Tensor coefficient = clip_coefficient(total_norm, max_norm);
+  for (const at::Tensor& g : grads) g.mul_(coefficient.to(g.device()));
 }
 
 }  // namespace torch_reduce::composite

@@ -44,4 +44,14 @@ TORCH_LIBRARY(reduce, m) {
         "Tensor? bias, float eps) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("add_rms_norm_fwd(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight, float? eps) "
         "-> (Tensor, Tensor, Tensor)");
+
+  // The global gradient norm (csrc/grad_norm.h). foreach_norm: torch._foreach_norm, a 0-dim norm per tensor (in
+  // dtype, else the tensor's); total_norm: the norm of every element of the list, in the tensors' promoted dtype on
+  // the first tensor's device (torch.nn.utils.get_total_norm's value); clip_grads_: each gradient times
+  // clamp(max_norm / (total_norm + 1e-6), max=1), computed on the device (torch.nn.utils.clip_grads_with_norm_);
+  // clip_grad_norm_: total_norm then clip_grads_ in one call (one list to convert), returning the total.
+  m.def("foreach_norm(Tensor[] tensors, float ord=2, ScalarType? dtype=None) -> Tensor[]");
+  m.def("total_norm(Tensor[] tensors, float ord=2) -> Tensor");
+  m.def("clip_grads_(Tensor(a!)[] grads, Tensor total_norm, float max_norm) -> ()");
+  m.def("clip_grad_norm_(Tensor(a!)[] grads, float max_norm, float norm_type=2) -> Tensor");
 }

@@ -1,6 +1,6 @@
 """A small run of every op for compute-sanitizer: each ladder variant at a few sizes and block sizes
 (several blocks, partial last blocks, misaligned views), then the drop-in reductions on each kernel path,
-var_mean and LayerNorm."""
+var_mean, LayerNorm, RMSNorm and the gradient norm."""
 import torch
 
 import torch_reduce
@@ -49,5 +49,20 @@ for hidden, dtype, param_dtype in [(768, torch.float32, None), (1001, torch.floa
     torch_reduce.var_mean(z.detach(), -1)
 shifted = torch.randn(7 * 2048 + 1, device="cuda")[1:].view(7, 2048).requires_grad_()
 torch_reduce.layer_norm(shifted, (2048,), torch.ones(2048, device="cuda", requires_grad=True)).sum().backward()
+# The gradient norm: full and partial chunks of every dtype, aligned and misaligned, empty and 0-dim tensors, a
+# list longer than one launch's table, every kind of norm, and the scaling.
+grads = [torch.randn(n, device="cuda", dtype=dtype) for n in (16_384 * 2 + 5, 1, 257)
+         for dtype in (torch.float32, torch.bfloat16, torch.float64)]
+grads += [torch.randn(4097, device="cuda")[1:], torch.empty(0, device="cuda"), torch.randn((), device="cuda")]
+for ord in (2, 1, 0, 0.5):
+    torch_reduce.foreach_norm(grads, ord)
+    torch_reduce.get_total_norm(grads, ord)
+torch_reduce.get_total_norm(grads[:-2], float("inf"))
+torch_reduce.get_total_norm([torch.randn(3, device="cuda") for _ in range(1100)])
+params = [torch.nn.Parameter(g) for g in grads]
+for p in params:
+    p.grad = torch.randn_like(p)
+params[-3].grad = torch.randn(4097, device="cuda")[1:]  # misaligned
+torch_reduce.clip_grad_norm_(params, 0.1)
 torch.cuda.synchronize()
 print("sanitize run done")

@@ -11,8 +11,10 @@ from . import ops  # noqa: F401  fake kernels (autograd and autocast are registe
 from . import nn  # noqa: F401
 from . import distributed  # noqa: F401  (torch.distributed need not be initialised; arms the DTensor rules)
 from .functional import add_layer_norm, add_rms_norm, layer_norm, rms_norm, var_mean  # noqa: F401
+from .grad_norm import clip_grad_norm_, clip_grads_with_norm_, foreach_norm, get_total_norm  # noqa: F401
 from .ladder import LADDER, Variant  # noqa: F401
 from .reductions import amax, amin, mean, prod, sum, vector_norm  # noqa: A004  (torch's names, on purpose)
 
 __all__ = ["LADDER", "Variant", "sum", "mean", "amax", "amin", "prod", "vector_norm", "var_mean", "layer_norm",
-           "rms_norm", "add_layer_norm", "add_rms_norm", "nn", "distributed"]
+           "rms_norm", "add_layer_norm", "add_rms_norm", "nn", "distributed", "foreach_norm", "get_total_norm",
+           "clip_grads_with_norm_", "clip_grad_norm_"]

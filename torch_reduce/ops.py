@@ -342,3 +342,71 @@ def _add_rms_norm_fwd_fake(input, residual, normalized_shape, weight, eps=None):
         raise RuntimeError(f"{op}: eps must be non-negative, got {eps}")
     out, rstd = _rms_norm_fwd_fake(input, normalized_shape, weight, eps)
     return out, input.new_empty(input.shape), rstd
+
+
+# ------------------------------------------------------------------------------------- the gradient norm ----
+# What csrc/grad_norm.cpp checks, in the same order and words.
+
+def _check_norm_list(op: str, tensors, ord: float, dtype) -> None:
+    if len(tensors) == 0:
+        raise RuntimeError("Tensor list must have at least one tensor.")
+    for t in tensors:
+        if t.dtype.is_complex:
+            raise NotImplementedError(f"{op} does not take complex inputs ({_c10_name(t.dtype)}); "
+                                      "torch._foreach_norm does")
+        if t.dtype not in _FLOATS:
+            raise RuntimeError("linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                               f"Got {_c10_name(t.dtype)}")
+        if dtype is not None:
+            if not dtype.is_floating_point:
+                raise RuntimeError("linalg.vector_norm: dtype should be floating point or complex, but got "
+                                   f"{_c10_name(dtype)}")
+            if torch.promote_types(t.dtype, dtype) != dtype:
+                raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({_c10_name(t.dtype)}) should be "
+                                   f"convertible without narrowing to the specified dtype ({_c10_name(dtype)})")
+        if t.numel() == 0 and ord == math.inf:
+            raise RuntimeError("_foreach_norm cannot compute the infinity norm on an empty tensor because the "
+                               "operation does not have an identity")
+        if t.numel() == 0 and ord < 0:
+            raise RuntimeError(f"linalg.vector_norm cannot compute the {ord:g} norm on an empty tensor because the "
+                               "operation does not have an identity")
+
+
+@torch.library.register_fake("reduce::foreach_norm")
+def _foreach_norm_fake(tensors, ord=2.0, dtype=None):
+    _check_norm_list("reduce::foreach_norm", tensors, ord, dtype)
+    return [t.new_empty((), dtype=dtype or t.dtype) for t in tensors]
+
+
+@torch.library.register_fake("reduce::total_norm")
+def _total_norm_fake(tensors, ord=2.0):
+    _check_norm_list("reduce::total_norm", tensors, ord, None)
+    result_dtype = tensors[0].dtype
+    for t in tensors:
+        result_dtype = torch.promote_types(result_dtype, t.dtype)
+    return tensors[0].new_empty((), dtype=result_dtype)
+
+
+def _check_grads(op: str, grads) -> None:
+    if len(grads) == 0:
+        raise RuntimeError("Tensor list must have at least one tensor.")
+    for g in grads:
+        if g.dtype not in _FLOATS:
+            raise RuntimeError(f"{op}: expected float32, float64, float16 or bfloat16 gradients, got "
+                               f"{_c10_name(g.dtype)}")
+
+
+@torch.library.register_fake("reduce::clip_grad_norm_")
+def _clip_grad_norm_fake(grads, max_norm, norm_type=2.0):
+    total = _total_norm_fake(grads, norm_type)
+    _check_grads("reduce::clip_grads_", grads)
+    return total
+
+
+@torch.library.register_fake("reduce::clip_grads_")
+def _clip_grads_fake(grads, total_norm, max_norm):
+    op = "reduce::clip_grads_"
+    _check_grads(op, grads)
+    if total_norm.dim() != 0 or total_norm.dtype not in _FLOATS:
+        raise RuntimeError(f"{op}: total_norm must be a 0-dim floating tensor, got shape {list(total_norm.shape)} of "
+                           f"{_c10_name(total_norm.dtype)}")

@@ -69,6 +69,15 @@ struct HopperTuning {
   static constexpr unsigned kMinBackwardBlock = 128;
   // Column fold: a tile of kFoldTile partial-row slots per block, kFoldLanes lanes striding over the chunks.
   static constexpr unsigned kFoldTile = 32, kFoldLanes = 32;
+
+  // ---- Global gradient norm (grad_norm.cu) --------------------------------------- UNMEASURED: the design's ----
+  static constexpr unsigned kListBlock = 512;  // partials and scaling kernels
+  // A chunk, a block's unit of work: 8 16-byte vectors a thread of kListBlock, loaded before any is folded.
+  static constexpr int64_t kListChunkBytes = 1 << 16;
+  static constexpr int kListBlocksPerMultiprocessor = 2;  // 64 registers a thread
+  static constexpr unsigned kFoldBlock = 1024;           // the fold's one block: a warp per tensor
+  // Tensors per launch, the kernel-parameter table's length: 25 KB of the 32 KB allowed.
+  static constexpr int kListTensors = 1024;
 };
 
 // UNMEASURED: Hopper's numbers until someone measures these GPUs. None of the hardware differences requires

@@ -1,0 +1,105 @@
+// The global gradient norm on the CPU: every tensor cut into chunks, the chunks' folds in parallel (in double,
+// so these kernels serve as a reference for every dtype), then each tensor's chunks and the tensors folded in
+// list order: the same bits on every run, whatever the thread count.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "common/dispatch.h"
+#include "grad_norm.h"
+
+namespace torch_reduce::cpu {
+namespace {
+
+constexpr int64_t kChunk = 1 << 15;  // elements per task
+
+int64_t chunks_of(const at::Tensor& t) { return (t.numel() + kChunk - 1) / kChunk; }
+
+// Each tensor's accumulator (unprojected) under `ops`, folded in order from its chunks.
+template <typename Ops>
+std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, const Ops& ops) {
+  std::vector<int64_t> first_chunk(dense.size() + 1, 0);
+  for (size_t i = 0; i < dense.size(); ++i) first_chunk[i + 1] = first_chunk[i] + chunks_of(dense[i]);
+  std::vector<double> partials(first_chunk.back());
+  at::parallel_for(0, first_chunk.back(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const size_t i = std::upper_bound(first_chunk.begin(), first_chunk.end(), c) - first_chunk.begin() - 1;
+      const at::Tensor& t = dense[i];
+      const int64_t offset = (c - first_chunk[i]) * kChunk, n = std::min(kChunk, t.numel() - offset);
+      TORCH_REDUCE_DISPATCH_FLOATING(t.scalar_type(), "reduce::foreach_norm", [&] {
+        const scalar_t* x = t.const_data_ptr<scalar_t>() + offset;
+        double acc = Ops::identity();
+        for (int64_t k = 0; k < n; ++k) acc = ops(acc, load_element<double>(ops, x[k]));
+        partials[c] = acc;
+      });
+    }
+  });
+  std::vector<double> accumulators(dense.size());
+  for (size_t i = 0; i < dense.size(); ++i) {
+    double acc = Ops::identity();
+    for (int64_t c = first_chunk[i]; c < first_chunk[i + 1]; ++c) acc = ops(acc, partials[c]);
+    accumulators[i] = acc;
+  }
+  return accumulators;
+}
+
+std::vector<at::Tensor> dense_list(at::TensorList tensors, const char* op) {
+  std::vector<at::Tensor> dense;
+  dense.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(t.device().is_cpu(), op, ": expected the CPU kernel's tensors on the CPU, got one on ", t.device());
+    dense.push_back(dense_elements(t));
+  }
+  return dense;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
+  const char* op = "reduce::foreach_norm";
+  check_norm_list(tensors, ord, dtype, op);
+  const std::vector<at::Tensor> dense = dense_list(tensors, op);
+  std::vector<at::Tensor> norms;
+  norms.reserve(tensors.size());
+  with_norm_ops<double>(ord, [&](auto ops) {
+    const std::vector<double> accumulators = tensor_accumulators(dense, ops);
+    for (size_t i = 0; i < dense.size(); ++i) {
+      const double norm = project_result(ops, accumulators[i]);
+      norms.push_back(at::scalar_tensor(norm, tensors[i].options().dtype(dtype.value_or(tensors[i].scalar_type()))));
+    }
+  });
+  return norms;
+}
+
+at::Tensor total_norm(at::TensorList tensors, double ord) {
+  const char* op = "reduce::total_norm";
+  check_norm_list(tensors, ord, std::nullopt, op);
+  const std::vector<at::Tensor> dense = dense_list(tensors, op);
+  double total = 0;
+  with_norm_ops<double>(ord, [&](auto ops) {
+    double acc = decltype(ops)::identity();
+    for (double a : tensor_accumulators(dense, ops)) acc = ops(acc, tensor_contribution(ops, a));
+    total = project_result(ops, acc);
+  });
+  return at::scalar_tensor(total, tensors[0].options().dtype(total_norm_dtype(tensors)));
+}
+
+void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {
+  const char* op = "reduce::clip_grads_";
+  check_clip_grads(grads, total_norm, op);
+  const at::Tensor coefficient = clip_coefficient(total_norm.to(at::kCPU), max_norm);
+  for (const at::Tensor& g : grads) {
+    TORCH_CHECK(g.device().is_cpu(), op, ": expected the CPU kernel's tensors on the CPU, got one on ", g.device());
+    g.mul_(coefficient);
+  }
+}
+
+TORCH_LIBRARY_IMPL(reduce, CPU, m) {
+  m.impl("foreach_norm", &foreach_norm);
+  m.impl("total_norm", &total_norm);
+  m.impl("clip_grads_", &clip_grads_);
+  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm, &clip_grads_>);
+}
+
+}  // namespace torch_reduce::cpu

@@ -1,0 +1,493 @@
+// The global gradient norm on the GPU, each device's list in two launches:
+//   norm_partials_kernel  the list cut into chunks of kListChunkBytes; a persistent grid (as many blocks as the
+//                         GPU holds at once) strides over the chunks, so blocks share the work evenly whatever
+//                         the tensors' sizes; each chunk's fold, in float32 (float64 when the list holds float64),
+//                         to its own partial;
+//   norm_fold_kernel      one block: a warp per tensor folds its chunks' partials in order (lane-strided, then a
+//                         fixed shuffle tree) and stores its norm (foreach_norm); then the block folds the
+//                         tensors' accumulators in a fixed tree into the total (total_norm).
+// No float atomics, and nothing depends on which block ran a chunk: the same list gives the same bits on every run.
+//   clip_scale_kernel     every gradient times torch's clip coefficient, which each block computes from the total
+//                         on the device, in the total's dtype with torch's roundings: no host sync.
+//
+// A launch's tensors travel as a kernel parameter (a table passed by value, read in place: __grid_constant__).
+// CUDA 12.1+ takes up to 32 KB of parameters on sm_70+, so no table is copied to the device before the launch:
+// a copy would be one more operation on the stream per call, and a CUDA graph would capture the address of a
+// pinned host buffer that the caching allocator hands out again, where a parameter is captured by value. A
+// list longer than a table (kListTensors) takes two launches per table.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/TypeCast.h>
+#include <torch/library.h>
+
+#include "common/dispatch.h"
+#include "cuda/arch_check.cuh"
+#include "cuda/block_reduce.cuh"
+#include "cuda/full_reduce.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/tuning.h"
+#include "grad_norm.h"
+
+namespace torch_reduce::cuda {
+namespace {
+
+constexpr size_t kMaxKernelParameterBytes = 32764;  // CUDA 12.1+, sm_70+
+
+// The element types of a list, one byte a tensor in the tables: a list may mix them.
+enum class Element : uint8_t { Float, Double, Half, BFloat16 };
+
+Element element_of(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return Element::Double;
+    case at::kHalf: return Element::Half;
+    case at::kBFloat16: return Element::BFloat16;
+    default: return Element::Float;
+  }
+}
+
+// Calls f(scalar_t()) for the element type. On the device the branch is uniform: a block works on one tensor at a
+// time.
+template <typename F>
+__device__ __forceinline__ void with_element(Element e, F&& f) {
+  switch (e) {
+    case Element::Double: f(double()); return;
+    case Element::Half: f(c10::Half()); return;
+    case Element::BFloat16: f(c10::BFloat16()); return;
+    case Element::Float: f(float()); return;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store(void* out, Element e, T value) {
+  with_element(e, [&](auto zero) {
+    using out_t = decltype(zero);
+    *static_cast<out_t*>(out) = static_cast<out_t>(value);
+  });
+}
+
+// The tensors of one launch of the partials or scaling kernel.
+template <int kCapacity>
+struct ListTable {
+  void* data[kCapacity];               // each tensor's first element (its elements are dense from there)
+  int64_t numel[kCapacity];
+  int64_t first_chunk[kCapacity + 1];  // the launch's chunks before each tensor's; [count]: all of them
+  Element element[kCapacity];
+  int32_t count;
+};
+
+// The fold's view of the same tensors: where each one's partials are, and where its norm goes.
+template <int kCapacity>
+struct FoldTable {
+  void* norm[kCapacity];               // each tensor's 0-dim norm (foreach_norm), or null (total_norm)
+  int64_t first_chunk[kCapacity + 1];
+  Element element[kCapacity];          // the norms' types
+  int32_t count;
+};
+
+// The tensor a chunk belongs to: the last with first_chunk <= chunk (empty tensors own no chunk).
+template <typename Table>
+__device__ __forceinline__ int tensor_of_chunk(const Table& table, int64_t chunk) {
+  int low = 0, high = table.count;  // first_chunk[low] <= chunk < first_chunk[high]
+  while (high - low > 1) {
+    const int middle = (low + high) / 2;
+    if (table.first_chunk[middle] <= chunk) {
+      low = middle;
+    } else {
+      high = middle;
+    }
+  }
+  return low;
+}
+
+// Elements of one chunk of scalar_t: kListChunkBytes whatever the type, so a full chunk is kLoads 16-byte vectors
+// a thread for every dtype.
+template <typename Tuning, typename scalar_t>
+constexpr int64_t kChunkElements = Tuning::kListChunkBytes / static_cast<int64_t>(sizeof(scalar_t));
+
+// Elements of the chunk at `offset` of a tensor of `numel`: a whole chunk but for the tensor's last.
+template <typename Tuning, typename scalar_t>
+__device__ __forceinline__ int64_t chunk_length(int64_t numel, int64_t offset) {
+  const int64_t left = numel - offset;
+  return left < kChunkElements<Tuning, scalar_t> ? left : kChunkElements<Tuning, scalar_t>;
+}
+
+template <typename Tuning>
+constexpr int kLoads = static_cast<int>(Tuning::kListChunkBytes / 16 / Tuning::kListBlock);
+
+// The fold of x[0, n) by this thread (its share of the block's chunk): a full aligned chunk issues all its
+// vector loads before it folds any; other chunks stride, by vectors when aligned, else by elements.
+template <typename Tuning, typename acc_t, typename scalar_t, typename Ops>
+__device__ __forceinline__ acc_t fold_chunk(const scalar_t* x, int64_t n, const Ops& ops) {
+  constexpr unsigned kBlock = Tuning::kListBlock;
+  constexpr int kVector = Vec16<scalar_t>::kSize;
+  acc_t acc = Ops::identity();
+  int64_t scalar_from = 0;
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const auto* vectors = reinterpret_cast<const Vec16<scalar_t>*>(x);
+    const int64_t count = n / kVector;
+    if (count == int64_t(kLoads<Tuning>) * kBlock) {
+      Vec16<scalar_t> held[kLoads<Tuning>];
+#pragma unroll
+      for (int k = 0; k < kLoads<Tuning>; ++k) held[k] = load_vector(vectors + k * kBlock + threadIdx.x);
+#pragma unroll
+      for (int k = 0; k < kLoads<Tuning>; ++k) acc = ops(acc, fold_vector<acc_t>(held[k], ops));
+    } else {
+      for (int64_t k = threadIdx.x; k < count; k += kBlock)
+        acc = ops(acc, fold_vector<acc_t>(load_vector(vectors + k), ops));
+    }
+    scalar_from = count * kVector;
+  }
+  for (int64_t k = scalar_from + threadIdx.x; k < n; k += kBlock) acc = ops(acc, load_element<acc_t>(ops, x[k]));
+  return acc;
+}
+
+template <typename Tuning, typename Ops, typename acc_t>
+__global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMultiprocessor)
+    norm_partials_kernel(const __grid_constant__ ListTable<Tuning::kListTensors> table, const Ops ops,
+                         acc_t* partials) {
+  const int64_t chunks = table.first_chunk[table.count];
+  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    const int i = tensor_of_chunk(table, chunk);
+    acc_t acc;
+    with_element(table.element[i], [&](auto zero) {
+      using scalar_t = decltype(zero);
+      const int64_t offset = (chunk - table.first_chunk[i]) * kChunkElements<Tuning, scalar_t>;
+      const int64_t n = chunk_length<Tuning, scalar_t>(table.numel[i], offset);
+      acc = fold_chunk<Tuning, acc_t>(static_cast<const scalar_t*>(table.data[i]) + offset, n, ops);
+    });
+    acc = block_reduce<Tuning::kListBlock>(acc, ops);
+    if (threadIdx.x == 0) partials[chunk] = acc;
+    __syncthreads();  // block_reduce's shared memory serves the next chunk
+  }
+}
+
+template <typename Tuning, typename Ops, typename acc_t>
+__global__ void __launch_bounds__(Tuning::kFoldBlock)
+    norm_fold_kernel(const __grid_constant__ FoldTable<Tuning::kListTensors> table, const Ops ops,
+                     const acc_t* partials, acc_t* table_accumulator, void* total, Element total_element) {
+  constexpr unsigned kWarps = Tuning::kFoldBlock / kWarpSize;
+  __shared__ acc_t tensor_accumulators[Tuning::kListTensors];
+  const unsigned lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  for (int i = warp; i < table.count; i += kWarps) {
+    acc_t acc = Ops::identity();
+    // Unrolled, so a lane of a large tensor (GPT-2's embedding: 74 partials a lane) has several loads in flight.
+#pragma unroll 8
+    for (int64_t c = table.first_chunk[i] + lane; c < table.first_chunk[i + 1]; c += kWarpSize)
+      acc = ops(acc, partials[c]);
+    acc = warp_reduce(acc, ops);
+    if (lane == 0) {
+      tensor_accumulators[i] = acc;
+      if (table.norm[i] != nullptr) store(table.norm[i], table.element[i], project_result(ops, acc));
+    }
+  }
+  __syncthreads();
+  acc_t acc = Ops::identity();
+  for (int i = threadIdx.x; i < table.count; i += Tuning::kFoldBlock)
+    acc = ops(acc, tensor_contribution(ops, tensor_accumulators[i]));
+  acc = block_reduce<Tuning::kFoldBlock>(acc, ops);
+  if (threadIdx.x == 0) {
+    *table_accumulator = acc;
+    if (total != nullptr) store(total, total_element, project_result(ops, acc));
+  }
+}
+
+// torch's clamp(max_norm / (total_norm + 1e-6), max=1) in T, total_norm's dtype: each step in T's accumulate type,
+// rounded to T, as torch's add, reciprocal (t.__rtruediv__) and mul kernels round; NaN stays NaN.
+template <typename T>
+__device__ __forceinline__ T clip_coefficient_of(const T* total_norm, double max_norm) {
+  using op_t = acc_type<T>;
+  const T shifted = static_cast<T>(static_cast<op_t>(*total_norm) + static_cast<op_t>(1e-6));
+  const T reciprocal = static_cast<T>(op_t(1) / static_cast<op_t>(shifted));
+  const T coefficient = static_cast<T>(static_cast<op_t>(reciprocal) * static_cast<op_t>(max_norm));
+  const op_t c = static_cast<op_t>(coefficient);
+  return c > op_t(1) ? T(1) : coefficient;
+}
+
+// Every element times the coefficient as torch's in-place mul gives it: the coefficient cast to the gradient's
+// dtype (c10::convert, as torch's kernels cast a mixed-dtype input), the product in its accumulate type.
+template <typename Tuning, typename T>
+__global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMultiprocessor)
+    clip_scale_kernel(const __grid_constant__ ListTable<Tuning::kListTensors> table, const T* total_norm,
+                      double max_norm) {
+  constexpr unsigned kBlock = Tuning::kListBlock;
+  const T coefficient = clip_coefficient_of(total_norm, max_norm);
+  const int64_t chunks = table.first_chunk[table.count];
+  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    const int i = tensor_of_chunk(table, chunk);
+    with_element(table.element[i], [&](auto zero) {
+      using scalar_t = decltype(zero);
+      using op_t = acc_type<scalar_t>;
+      constexpr int kVector = Vec16<scalar_t>::kSize;
+      const op_t c = static_cast<op_t>(c10::convert<scalar_t>(coefficient));
+      const int64_t offset = (chunk - table.first_chunk[i]) * kChunkElements<Tuning, scalar_t>;
+      const int64_t n = chunk_length<Tuning, scalar_t>(table.numel[i], offset);
+      scalar_t* x = static_cast<scalar_t*>(table.data[i]) + offset;
+      const auto scale = [&](scalar_t v) { return static_cast<scalar_t>(static_cast<op_t>(v) * c); };
+      int64_t scalar_from = 0;
+      if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+        auto* vectors = reinterpret_cast<Vec16<scalar_t>*>(x);
+        const int64_t count = n / kVector;
+        if (count == int64_t(kLoads<Tuning>) * kBlock) {
+          // Every load before the first store: the stores could alias later loads, so the compiler would not
+          // move those loads above them.
+          Vec16<scalar_t> held[kLoads<Tuning>];
+#pragma unroll
+          for (int k = 0; k < kLoads<Tuning>; ++k) held[k] = load_vector(vectors + k * kBlock + threadIdx.x);
+#pragma unroll
+          for (int k = 0; k < kLoads<Tuning>; ++k) {
+#pragma unroll
+            for (int e = 0; e < kVector; ++e) held[k].value[e] = scale(held[k].value[e]);
+            vectors[k * kBlock + threadIdx.x] = held[k];
+          }
+        } else {
+          for (int64_t k = threadIdx.x; k < count; k += kBlock) {
+            Vec16<scalar_t> v = load_vector(vectors + k);
+#pragma unroll
+            for (int e = 0; e < kVector; ++e) v.value[e] = scale(v.value[e]);
+            vectors[k] = v;
+          }
+        }
+        scalar_from = count * kVector;
+      }
+      for (int64_t k = scalar_from + threadIdx.x; k < n; k += kBlock) x[k] = scale(x[k]);
+    });
+  }
+}
+
+// The tables of a device's list, kListTensors tensors each, and where each table's partials start.
+template <typename Tuning>
+struct ListTables {
+  using Table = ListTable<Tuning::kListTensors>;
+  static_assert(sizeof(Table) <= kMaxKernelParameterBytes && sizeof(FoldTable<Tuning::kListTensors>) <=
+                kMaxKernelParameterBytes, "a table must fit the kernel parameters");
+  std::vector<Table> tables;
+  std::vector<int64_t> first_partial;  // per table, and at the end the partials of all
+
+  explicit ListTables(at::TensorList dense) {
+    const int64_t n = static_cast<int64_t>(dense.size());
+    first_partial.push_back(0);
+    for (int64_t start = 0; start < n; start += Tuning::kListTensors) {
+      Table& table = tables.emplace_back();
+      table.count = static_cast<int32_t>(std::min<int64_t>(Tuning::kListTensors, n - start));
+      table.first_chunk[0] = 0;
+      for (int32_t k = 0; k < table.count; ++k) {
+        const at::Tensor& t = dense[start + k];
+        const int64_t chunk = Tuning::kListChunkBytes / static_cast<int64_t>(t.element_size());
+        table.data[k] = t.data_ptr();
+        table.numel[k] = t.numel();
+        table.element[k] = element_of(t.scalar_type());
+        table.first_chunk[k + 1] = table.first_chunk[k] + (t.numel() + chunk - 1) / chunk;
+      }
+      first_partial.push_back(first_partial.back() + table.first_chunk[table.count]);
+    }
+  }
+};
+
+template <typename Kernel>
+int64_t persistent_grid(Kernel kernel, unsigned block, int64_t chunks) {
+  return std::min<int64_t>(chunks, resident_blocks_per_sm(kernel, static_cast<int>(block)) * multiprocessors());
+}
+
+// The norms of a device's dense tensors (`lists`, on `device`): each tensor's into `norms` (when given:
+// foreach_norm), the total into `total` (when defined: total_norm). `wide`: accumulate in float64.
+template <typename Tuning>
+void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord, bool wide,
+                  const std::vector<at::Tensor>& norms, const at::Tensor& total) {
+  const int64_t tables = static_cast<int64_t>(lists.tables.size());
+  const auto options = at::TensorOptions().device(device).dtype(wide ? at::kDouble : at::kFloat);
+  const at::Tensor partials = at::empty({lists.first_partial.back()}, options);
+  const at::Tensor table_accumulators = at::empty({tables}, options);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const auto run = [&](auto zero) {
+    using acc_t = decltype(zero);
+    with_norm_ops<acc_t>(ord, [&](auto ops) {
+      using Ops = decltype(ops);
+      for (int64_t g = 0; g < tables; ++g) {
+        const auto& table = lists.tables[g];
+        acc_t* table_partials = partials.mutable_data_ptr<acc_t>() + lists.first_partial[g];
+        const int64_t chunks = table.first_chunk[table.count];
+        if (chunks > 0) {
+          const auto kernel = norm_partials_kernel<Tuning, Ops, acc_t>;
+          kernel<<<persistent_grid(kernel, Tuning::kListBlock, chunks), Tuning::kListBlock, 0, stream>>>(
+              table, ops, table_partials);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        }
+        FoldTable<Tuning::kListTensors> fold;
+        fold.count = table.count;
+        for (int32_t k = 0; k <= table.count; ++k) fold.first_chunk[k] = table.first_chunk[k];
+        for (int32_t k = 0; k < table.count; ++k) {
+          const at::Tensor* norm = norms.empty() ? nullptr : &norms[g * Tuning::kListTensors + k];
+          fold.norm[k] = norm ? norm->data_ptr() : nullptr;
+          fold.element[k] = norm ? element_of(norm->scalar_type()) : Element::Float;
+        }
+        const bool stores_total = total.defined() && tables == 1;
+        norm_fold_kernel<Tuning, Ops, acc_t><<<1, Tuning::kFoldBlock, 0, stream>>>(
+            fold, ops, table_partials, table_accumulators.mutable_data_ptr<acc_t>() + g,
+            stores_total ? total.data_ptr() : nullptr, element_of(total.defined() ? total.scalar_type() : at::kFloat));
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    });
+  };
+  if (wide) {
+    run(double());
+  } else {
+    run(float());
+  }
+  if (total.defined() && tables > 1) {
+    // The tables' accumulators folded as each table's tensors were, then projected.
+    at::Tensor folded;
+    if (ord == INFINITY) {
+      folded = table_accumulators.amax();
+    } else if (ord == -INFINITY) {
+      folded = table_accumulators.amin();
+    } else {
+      folded = table_accumulators.sum();
+    }
+    if (ord == 2) {
+      folded = folded.sqrt();
+    } else if (ord != 0 && ord != 1 && std::isfinite(ord)) {
+      folded = folded.pow(1.0 / ord);
+    }
+    total.copy_(folded);
+  }
+}
+
+template <typename Tuning>
+void launch_clip_scale(const ListTables<Tuning>& lists, const at::Tensor& total_norm, double max_norm) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  TORCH_REDUCE_DISPATCH_FLOATING(total_norm.scalar_type(), "reduce::clip_grads_", [&] {
+    const auto kernel = clip_scale_kernel<Tuning, scalar_t>;
+    for (const auto& table : lists.tables) {
+      const int64_t chunks = table.first_chunk[table.count];
+      if (chunks == 0) continue;
+      kernel<<<persistent_grid(kernel, Tuning::kListBlock, chunks), Tuning::kListBlock, 0, stream>>>(
+          table, total_norm.const_data_ptr<scalar_t>(), max_norm);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+}
+
+// Runs f(device, positions) for each device of the list, under a guard for a CUDA one.
+template <typename F>
+void for_each_device(at::TensorList tensors, const char* op, F&& f) {
+  for (const auto& [device, positions] : group_by_device(tensors)) {
+    TORCH_CHECK(device.is_cpu() || device.is_cuda(), op, ": expected CPU or CUDA tensors, got one on ", device);
+    if (device.is_cpu()) {
+      f(device, positions);
+      continue;
+    }
+    const c10::cuda::CUDAGuard guard(device);
+    check_kernel_image_for_current_device();
+    f(device, positions);
+  }
+}
+
+std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
+  const char* op = "reduce::foreach_norm";
+  check_norm_list(tensors, ord, dtype, op);
+  std::vector<at::Tensor> norms(tensors.size());
+  for_each_device(tensors, op, [&](at::Device device, const std::vector<int64_t>& positions) {
+    const std::vector<at::Tensor> group = select(tensors, positions);
+    std::vector<at::Tensor> group_norms;
+    if (device.is_cpu()) {
+      group_norms = cpu::foreach_norm(group, ord, dtype);
+    } else {
+      std::vector<at::Tensor> dense;
+      bool wide = dtype == at::kDouble;
+      for (const at::Tensor& t : group) {
+        dense.push_back(dense_elements(t));
+        wide = wide || t.scalar_type() == at::kDouble;
+        group_norms.push_back(at::empty({}, t.options().dtype(dtype.value_or(t.scalar_type()))));
+      }
+      with_tuning([&](auto tuning) {
+        using Tuning = decltype(tuning);
+        launch_norms(ListTables<Tuning>(dense), device, ord, wide, group_norms, at::Tensor());
+      });
+    }
+    for (size_t k = 0; k < positions.size(); ++k) norms[positions[k]] = group_norms[k];
+  });
+  return norms;
+}
+
+at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
+  const char* op = "reduce::total_norm";
+  check_norm_list(tensors, ord, std::nullopt, op);
+  const at::ScalarType result_type = total_norm_dtype(tensors);
+  std::vector<at::Tensor> totals;
+  for_each_device(tensors, op, [&](at::Device device, const std::vector<int64_t>& positions) {
+    const std::vector<at::Tensor> group = select(tensors, positions);
+    if (device.is_cpu()) {
+      totals.push_back(cpu::total_norm(group, ord).to(result_type));
+      return;
+    }
+    std::vector<at::Tensor> dense;
+    bool wide = false;
+    for (const at::Tensor& t : group) {
+      dense.push_back(dense_elements(t));
+      wide = wide || t.scalar_type() == at::kDouble;
+    }
+    const at::Tensor total = at::empty({}, group[0].options().dtype(result_type));
+    with_tuning([&](auto tuning) {
+      using Tuning = decltype(tuning);
+      launch_norms(ListTables<Tuning>(dense), device, ord, wide, {}, total);
+    });
+    totals.push_back(total);
+  });
+  return totals.size() == 1 ? totals[0] : combine_totals(totals, ord);
+}
+
+void clip_grads_cuda(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {
+  const char* op = "reduce::clip_grads_";
+  check_clip_grads(grads, total_norm, op);
+  for_each_device(grads, op, [&](at::Device device, const std::vector<int64_t>& positions) {
+    const std::vector<at::Tensor> group = select(grads, positions);
+    if (device.is_cpu()) {
+      cpu::clip_grads_(group, total_norm, max_norm);
+      return;
+    }
+    const at::Tensor total_here = total_norm.to(device);
+    std::vector<at::Tensor> dense;
+    for (const at::Tensor& g : group) {
+      if (g.is_non_overlapping_and_dense()) {
+        dense.push_back(g);
+      } else {
+        g.mul_(clip_coefficient(total_here, max_norm));  // torch's own in-place rules (and errors) for the rest
+      }
+    }
+    if (dense.empty()) return;
+    with_tuning([&](auto tuning) { launch_clip_scale(ListTables<decltype(tuning)>(dense), total_here, max_norm); });
+  });
+}
+
+// One CUDA device and dense gradients (the common case): one pass over the list checks it and builds the tables
+// that both the norm's and the scaling's launches read. Any other list: total_norm, then clip_grads_.
+at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double norm_type) {
+  check_norm_list(grads, norm_type, std::nullopt, "reduce::clip_grad_norm_");
+  const at::Device device = grads[0].device();
+  bool wide = false, one_dense_cuda_list = device.is_cuda();
+  for (const at::Tensor& g : grads) {
+    one_dense_cuda_list = one_dense_cuda_list && g.device() == device && g.is_non_overlapping_and_dense();
+    wide = wide || g.scalar_type() == at::kDouble;
+  }
+  if (!one_dense_cuda_list) return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type);
+  const c10::cuda::CUDAGuard guard(device);
+  check_kernel_image_for_current_device();
+  const at::Tensor total = at::empty({}, grads[0].options().dtype(total_norm_dtype(grads)));
+  with_tuning([&](auto tuning) {
+    const ListTables<decltype(tuning)> lists(grads);
+    launch_norms(lists, device, norm_type, wide, {}, total);
+    launch_clip_scale(lists, total, max_norm);
+  });
+  return total;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reduce, CUDA, m) {
+  m.impl("foreach_norm", &foreach_norm_cuda);
+  m.impl("total_norm", &total_norm_cuda);
+  m.impl("clip_grads_", &clip_grads_cuda);
+  m.impl("clip_grad_norm_", &clip_grad_norm_cuda);
+}
+
+}  // namespace torch_reduce::cuda

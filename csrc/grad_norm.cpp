@@ -1,0 +1,148 @@
+#include "grad_norm.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace torch_reduce {
+namespace {
+
+bool is_float_type(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+void check_norm_input(const at::Tensor& t, double ord, std::optional<at::ScalarType> dtype, const char* op) {
+  const at::ScalarType type = t.scalar_type();
+  TORCH_CHECK_NOT_IMPLEMENTED(!at::isComplexType(type), op, " does not take complex inputs (", type,
+                              "); torch._foreach_norm does");
+  TORCH_CHECK(is_float_type(type), "linalg.vector_norm: Expected a floating point or complex tensor as input. Got ",
+              type);
+  if (dtype.has_value()) {
+    TORCH_CHECK(at::isFloatingType(*dtype), "linalg.vector_norm: dtype should be floating point or complex, but got ",
+                *dtype);
+    TORCH_CHECK(at::promoteTypes(type, *dtype) == *dtype, "linalg.vector_norm: the dtype of the input (", type,
+                ") should be convertible without narrowing to the specified dtype (", *dtype, ")");
+  }
+  const bool empty = t.sym_numel() == 0;  // symbolic under torch.compile
+  if (empty && ord == INFINITY)
+    TORCH_CHECK(false, "_foreach_norm cannot compute the infinity norm on an empty tensor because the operation does "
+                "not have an identity");
+  TORCH_CHECK(!empty || ord >= 0, "linalg.vector_norm cannot compute the ", ord,
+              " norm on an empty tensor because the operation does not have an identity");
+}
+
+}  // namespace
+
+void check_norm_list(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype, const char* op) {
+  TORCH_CHECK(!tensors.empty(), "Tensor list must have at least one tensor.");
+  for (const at::Tensor& t : tensors) check_norm_input(t, ord, dtype, op);
+}
+
+void check_clip_grads(at::TensorList grads, const at::Tensor& total_norm, const char* op) {
+  TORCH_CHECK(!grads.empty(), "Tensor list must have at least one tensor.");
+  for (const at::Tensor& g : grads)
+    TORCH_CHECK(is_float_type(g.scalar_type()), op, ": expected float32, float64, float16 or bfloat16 gradients, got ",
+                g.scalar_type());
+  TORCH_CHECK(total_norm.dim() == 0 && is_float_type(total_norm.scalar_type()), op,
+              ": total_norm must be a 0-dim floating tensor, got shape ", total_norm.sizes(), " of ",
+              total_norm.scalar_type());
+}
+
+at::ScalarType total_norm_dtype(at::TensorList tensors) {
+  at::ScalarType type = tensors[0].scalar_type();
+  for (const at::Tensor& t : tensors) type = at::promoteTypes(type, t.scalar_type());
+  return type;
+}
+
+std::vector<std::pair<at::Device, std::vector<int64_t>>> group_by_device(at::TensorList tensors) {
+  std::vector<std::pair<at::Device, std::vector<int64_t>>> groups;
+  for (int64_t i = 0; i < static_cast<int64_t>(tensors.size()); ++i) {
+    const at::Device device = tensors[i].device();
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == device; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {device, {}});
+    it->second.push_back(i);
+  }
+  return groups;
+}
+
+std::vector<at::Tensor> select(at::TensorList tensors, const std::vector<int64_t>& positions) {
+  std::vector<at::Tensor> chosen;
+  chosen.reserve(positions.size());
+  for (int64_t i : positions) chosen.push_back(tensors[i]);
+  return chosen;
+}
+
+at::Tensor dense_elements(const at::Tensor& t) { return t.is_non_overlapping_and_dense() ? t : t.contiguous(); }
+
+at::Tensor clip_coefficient(const at::Tensor& total_norm, double max_norm) {
+  return at::clamp_max(at::reciprocal(total_norm + 1e-6) * max_norm, 1.0);
+}
+
+at::Tensor combine_totals(const std::vector<at::Tensor>& totals, double ord) {
+  const at::Device first = totals[0].device();
+  std::vector<at::Tensor> here;
+  for (const at::Tensor& t : totals) here.push_back(t.to(first));
+  const at::Tensor stacked = at::stack(here);
+  return ord == 0 ? stacked.sum() : at::linalg_vector_norm(stacked, ord);
+}
+
+namespace {
+
+// Sparse COO gradients (nn.Embedding(sparse=True)'s), as torch takes them: a sparse tensor's norm is its coalesced
+// values' (torch's too, implicit zeros left out for every order), computed by the dense kernels.
+std::vector<at::Tensor> norm_operands(at::TensorList tensors) {
+  std::vector<at::Tensor> operands;
+  for (const at::Tensor& t : tensors) operands.push_back(t.is_sparse() ? t.coalesce()._values() : t);
+  return operands;
+}
+
+std::vector<at::Tensor> foreach_norm_sparse(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("reduce::foreach_norm", "")
+          .typed<std::vector<at::Tensor>(at::TensorList, double, std::optional<at::ScalarType>)>();
+  return op.call(norm_operands(tensors), ord, dtype);
+}
+
+at::Tensor total_norm_sparse(at::TensorList tensors, double ord) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("reduce::total_norm", "")
+                             .typed<at::Tensor(at::TensorList, double)>();
+  return op.call(norm_operands(tensors), ord);
+}
+
+void clip_grads_sparse(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("reduce::clip_grads_", "")
+                             .typed<void(at::TensorList, const at::Tensor&, double)>();
+  check_clip_grads(grads, total_norm, "reduce::clip_grads_");
+  std::vector<at::Tensor> dense;
+  for (const at::Tensor& g : grads) {
+    if (g.is_sparse()) {
+      g.mul_(clip_coefficient(total_norm.to(g.device()), max_norm));
+    } else {
+      dense.push_back(g);
+    }
+  }
+  if (!dense.empty()) op.call(dense, total_norm, max_norm);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(reduce, SparseCPU, m) {
+  m.impl("foreach_norm", &foreach_norm_sparse);
+  m.impl("total_norm", &total_norm_sparse);
+  m.impl("clip_grads_", &clip_grads_sparse);
+  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm_sparse, &clip_grads_sparse>);
+}
+
+TORCH_LIBRARY_IMPL(reduce, SparseCUDA, m) {
+  m.impl("foreach_norm", &foreach_norm_sparse);
+  m.impl("total_norm", &total_norm_sparse);
+  m.impl("clip_grads_", &clip_grads_sparse);
+  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm_sparse, &clip_grads_sparse>);
+}
+
+}  // namespace torch_reduce

@@ -1,0 +1,87 @@
+#pragma once
+// The global gradient norm: foreach_norm (torch._foreach_norm: a 0-dim norm per tensor), total_norm (the norm of
+// every element of a list, torch.nn.utils.get_total_norm's value) and clip_grads_ (the in-place scaling of
+// torch.nn.utils.clip_grads_with_norm_). The checks, the device grouping and the clip coefficient are shared by
+// the CPU and CUDA kernels; torch_reduce/grad_norm.py builds clip_grad_norm_ on them.
+//
+// A list may mix devices and dtypes, and hold sparse COO gradients (their values go to the dense kernels). The
+// dispatcher sends a list holding a CUDA tensor to the CUDA kernel, which runs each device's tensors there (the
+// CPU's through the CPU kernel) in one pass per device; the totals of several devices are combined on the first
+// tensor's device, as torch combines its groups.
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "common/reduce_ops.h"
+
+namespace torch_reduce {
+
+// torch's checks of each tensor, in its order and words: a floating dtype (complex raises, naming torch's op),
+// dtype= floating and reached without narrowing, and no empty tensor for the orders without an identity (inf and
+// below 0). An empty list raises, as torch._foreach_norm does.
+void check_norm_list(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype, const char* op);
+// grads floating, total_norm a 0-dim floating tensor.
+void check_clip_grads(at::TensorList grads, const at::Tensor& total_norm, const char* op);
+
+// total_norm's dtype: the tensors' dtypes promoted, as torch.stack promotes the per-tensor norms.
+at::ScalarType total_norm_dtype(at::TensorList tensors);
+
+// The list's positions grouped by device, the devices in the order they first appear.
+std::vector<std::pair<at::Device, std::vector<int64_t>>> group_by_device(at::TensorList tensors);
+std::vector<at::Tensor> select(at::TensorList tensors, const std::vector<int64_t>& positions);
+
+// A tensor whose elements lie densely in [data_ptr, data_ptr + numel): the tensor itself when it is
+// non-overlapping and dense (any order of its dims), else a contiguous copy.
+at::Tensor dense_elements(const at::Tensor& t);
+
+// torch's clip coefficient, clamp(max_norm / (total_norm + 1e-6), max=1), in total_norm's dtype with torch's
+// roundings (max_norm / t is t.reciprocal() * max_norm in torch).
+at::Tensor clip_coefficient(const at::Tensor& total_norm, double max_norm);
+
+// The rooted totals of several devices as one, on the first's device: the norm of the totals, or for order 0
+// (each total a count of tensors with a non-zero element) their sum.
+at::Tensor combine_totals(const std::vector<at::Tensor>& totals, double ord);
+
+// Calls f(ops) with the norm's ops object over acc_t (common/reduce_ops.h): its transform of each element,
+// combine and projection.
+template <typename acc_t, typename F>
+decltype(auto) with_norm_ops(double ord, F&& f) {
+  if (ord == 2) return f(NormTwoOp<acc_t>());
+  if (ord == 1) return f(NormOneOp<acc_t>());
+  if (ord == 0) return f(NormZeroOp<acc_t>());
+  if (ord == INFINITY) return f(NormInfOp<acc_t>());
+  if (ord == -INFINITY) return f(NormNegInfOp<acc_t>());
+  return f(NormPOp<acc_t>{{}, static_cast<acc_t>(ord)});
+}
+
+// What a tensor's fold contributes to the total's: its accumulator, or for order 0 whether it counted any
+// non-zero element (torch's total 0-norm counts tensors, the 0-norm of the per-tensor norms).
+template <typename Ops, typename T>
+TR_HOST_DEVICE T tensor_contribution(const Ops& ops, T tensor_accumulator) {
+  if constexpr (std::is_base_of_v<NormZeroOp<T>, Ops>) {
+    return ops.transform(tensor_accumulator);
+  } else {
+    return tensor_accumulator;
+  }
+}
+
+namespace cpu {
+// The CPU kernels, for every tensor on the CPU; the CUDA kernels call them for a list's CPU tensors.
+std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
+at::Tensor total_norm(at::TensorList tensors, double ord);
+void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm);
+}  // namespace cpu
+
+// clip_grad_norm_ from a backend's total_norm and clip_grads_.
+using TotalNormKernel = at::Tensor (*)(at::TensorList, double);
+using ClipGradsKernel = void (*)(at::TensorList, const at::Tensor&, double);
+template <TotalNormKernel kTotalNorm, ClipGradsKernel kClipGrads>
+at::Tensor clip_grad_norm(at::TensorList grads, double max_norm, double norm_type) {
+  at::Tensor total = kTotalNorm(grads, norm_type);
+  kClipGrads(grads, total, max_norm);
+  return total;
+}
+
+}  // namespace torch_reduce

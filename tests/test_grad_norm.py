@@ -1,0 +1,528 @@
+"""torch_reduce.foreach_norm, get_total_norm, clip_grads_with_norm_ and clip_grad_norm_ (csrc/grad_norm.h): against
+float64 references and torch's own functions, on fresh random inputs: odd sizes, every layout, empty tensors, mixed
+dtypes, 1,000 tiny tensors, a GPT-2-small-shaped list (scaled down on the CPU), lists longer than one launch's table,
+non-finite gradients; errors in torch's words; the fake kernels, opcheck, torch.compile and autograd. On the GPU:
+bit-for-bit reproducibility, CPU and CUDA tensors in one list, CUDA graphs, side streams and > 2^31 elements."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import torch_reduce
+from conftest import CUDA, DEVICES, FLOAT_DTYPES, requires_cuda
+
+INF = math.inf
+ORDS = [2, 1, INF, -INF, 0, 3, 0.5, 1.5, -1, -0.5]
+# Against a float64 reference: float32 partials over chunks of 16,384 elements and a tree, or double on the CPU;
+# 16-bit results rounded once (twice for torch's total: per-tensor norms, then their norm).
+TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=1e-6),
+       torch.float16: dict(rtol=2e-3, atol=1e-4), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3)}
+TORCH_TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=5e-5, atol=1e-6),
+             torch.float16: dict(rtol=4e-3, atol=2e-4), torch.bfloat16: dict(rtol=3.2e-2, atol=2e-3)}
+
+
+def randn(shape, dtype, device, layout="contiguous"):
+    """Fresh normals stored as ``layout``: contiguous, transposed, stepped (every other element), offset (one
+    element into its storage: misaligned for 16-byte loads)."""
+    shape = tuple(shape)
+    if layout == "transposed" and len(shape) >= 2:
+        return torch.randn(shape[::-1], device=device).to(dtype).permute(*reversed(range(len(shape))))
+    if layout == "stepped" and len(shape) >= 1:
+        return torch.randn((*shape[:-1], 2 * shape[-1]), device=device).to(dtype)[..., ::2]
+    if layout == "offset":
+        return torch.randn(math.prod(shape) + 1, device=device).to(dtype)[1:].view(shape)
+    return torch.randn(shape, device=device).to(dtype)
+
+
+def odd_list(dtype, device, empty=True):
+    """Odd sizes around the chunk and vector widths, every layout, a 0-dim tensor and (``empty``) an empty one."""
+    shapes = [(1,), (7,), (33, 5), (1000, 3), (4097,), (16385,), (3, 70001), (), (2, 3, 5)]
+    tensors = [randn(s, dtype, device, layout) for s in shapes for layout in ("contiguous", "transposed", "stepped",
+                                                                               "offset")
+               if layout == "contiguous" or len(s) >= 2 or layout == "offset"]
+    if empty:
+        tensors.insert(3, torch.empty(0, 4, device=device, dtype=dtype))
+    return tensors
+
+
+def reference_norm(t, ord):
+    return torch.linalg.vector_norm(t.double(), ord)
+
+
+def reference_total(tensors, ord):
+    """The norm of every element as one vector; for order 0, as torch, the count of tensors with a non-zero."""
+    norms = torch.stack([reference_norm(t.cpu(), ord) for t in tensors])
+    return torch.linalg.vector_norm(norms, ord)
+
+
+def empty_allowed(ord):
+    return ord >= 0 and ord != INF
+
+
+def gpt2_small_shapes(vocab=50257, positions=1024, d=768, layers=12):
+    """The 148 gradient shapes of GPT-2 small (HF GPT2LMHeadModel, lm_head tied to wte): wte, wpe, per layer ln_1,
+    attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj (weights and biases), ln_f."""
+    shapes = [(vocab, d), (positions, d)]
+    for _ in range(layers):
+        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]
+    return shapes + [(d,), (d,)]
+
+
+def test_gpt2_small_shapes():
+    shapes = gpt2_small_shapes()
+    assert len(shapes) == 148 and sum(math.prod(s) for s in shapes) == 124_439_808
+
+
+# ------------------------------------------------------------------------------------------ foreach_norm ----
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("ord", ORDS, ids=str)
+def test_foreach_norm_against_float64_and_torch(ord, dtype, device):
+    tensors = odd_list(dtype, device, empty=empty_allowed(ord))
+    got = torch_reduce.foreach_norm(tensors, ord)
+    theirs = torch._foreach_norm(tensors, ord)
+    assert len(got) == len(tensors)
+    for t, g, th in zip(tensors, got, theirs):
+        assert g.dtype == dtype and g.shape == () and g.device == t.device
+        want = reference_norm(t, ord).to(dtype).double()
+        torch.testing.assert_close(g.double().cpu(), want, **TOL[dtype], msg=lambda m: f"{list(t.shape)}: {m}")
+        torch.testing.assert_close(g.double(), th.double(), **TORCH_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [2, INF, 0, 1.5], ids=str)
+def test_foreach_norm_dtype_and_mixed_dtypes(ord, device):
+    tensors = [randn((101,), dtype, device) for dtype in FLOAT_DTYPES] + [randn((5, 7), torch.float16, device)]
+    got = torch_reduce.foreach_norm(tensors, ord)
+    assert [g.dtype for g in got] == [t.dtype for t in tensors]
+    for t, g in zip(tensors, got):
+        torch.testing.assert_close(g.double().cpu(), reference_norm(t, ord).to(t.dtype).double(), **TOL[t.dtype])
+    wide = torch_reduce.foreach_norm(tensors, ord, dtype=torch.float64)
+    assert all(g.dtype == torch.float64 for g in wide)
+    for t, g in zip(tensors, wide):
+        torch.testing.assert_close(g.cpu(), reference_norm(t, ord), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_foreach_norm_1000_tiny_tensors(device):
+    tensors = [torch.randn(256, device=device) for _ in range(1000)]
+    got = torch.stack(torch_reduce.foreach_norm(tensors)).cpu().double()
+    want = torch.stack([reference_norm(t, 2) for t in tensors]).cpu()
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [2, INF, 0, -1], ids=str)
+def test_lists_longer_than_one_table(ord, device):
+    """2,500 tensors: three launches' tables (1,024 each) on the GPU, folded together."""
+    tensors = [torch.randn(int(torch.randint(1, 300, ())), device=device) for _ in range(2500)]
+    tensors[1700].zero_()
+    norms = torch.stack(torch_reduce.foreach_norm(tensors, ord)).cpu().double()
+    torch.testing.assert_close(norms, torch.stack([reference_norm(t, ord) for t in tensors]), **TOL[torch.float32])
+    total = torch_reduce.get_total_norm(tensors, ord)
+    torch.testing.assert_close(total.double().cpu(), reference_total(tensors, ord), **TOL[torch.float32])
+
+
+def test_foreach_norm_errors_like_torch():
+    x = torch.randn(3)
+    cases = [([], 2, None), ([x, torch.ones(2, dtype=torch.long)], 2, None), ([x], 2, torch.float16),
+             ([x], 2, torch.long), ([x, torch.empty(0)], INF, None), ([torch.empty(0)], -1, None)]
+    for tensors, ord, dtype in cases:
+        with pytest.raises(RuntimeError) as theirs:
+            torch._foreach_norm(tensors, ord, dtype=dtype)
+        for device in ("cpu", "meta"):
+            with pytest.raises(RuntimeError) as ours:
+                torch_reduce.foreach_norm([t.to(device) for t in tensors], ord, dtype)
+            assert str(ours.value).split("\n")[0] == str(theirs.value).split("\n")[0]
+    with pytest.raises(NotImplementedError, match="complex"):
+        torch_reduce.foreach_norm([torch.randn(3, dtype=torch.complex64)])
+
+
+# ---------------------------------------------------------------------------------- get_total_norm ----
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("ord", ORDS, ids=str)
+def test_total_norm_against_float64_and_torch(ord, dtype, device):
+    tensors = odd_list(dtype, device, empty=empty_allowed(ord))
+    tensors[5] = torch.zeros_like(tensors[5])  # order 0 counts tensors with a non-zero
+    got = torch_reduce.get_total_norm(tensors, ord)
+    theirs = torch.nn.utils.get_total_norm(tensors, ord)
+    assert got.dtype == theirs.dtype and got.device == theirs.device and got.shape == ()
+    torch.testing.assert_close(got.double().cpu(), reference_total(tensors, ord).to(dtype).double(), **TOL[dtype])
+    torch.testing.assert_close(got.double(), theirs.double(), **TORCH_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_total_norm_mixed_dtypes_promote(device):
+    tensors = [randn((77,), torch.float16, device), randn((5, 9), torch.bfloat16, device),
+               randn((300,), torch.float32, device)]
+    for ord in (2, INF, 0, 1.5):
+        got, theirs = torch_reduce.get_total_norm(tensors, ord), torch.nn.utils.get_total_norm(tensors, ord)
+        assert got.dtype == theirs.dtype == torch.float32
+        torch.testing.assert_close(got.double().cpu(), reference_total(tensors, ord), **TOL[torch.float32])
+        torch.testing.assert_close(got, theirs, **TORCH_TOL[torch.float16])
+    got = torch_reduce.get_total_norm(tensors + [randn((3,), torch.float64, device)])
+    assert got.dtype == torch.float64
+
+
+def test_empty_lists_like_torch():
+    assert torch_reduce.get_total_norm([]).equal(torch.nn.utils.get_total_norm([]))
+    assert torch_reduce.clip_grad_norm_([], 1.0).equal(torch.nn.utils.clip_grad_norm_([], 1.0))
+    p = torch.nn.Parameter(torch.randn(3))  # no gradient
+    assert torch_reduce.clip_grad_norm_([p], 1.0).equal(torch.tensor(0.0)) and p.grad is None
+    with pytest.warns(UserWarning, match="empty generator"):
+        torch_reduce.clip_grad_norm_((q for q in []), 1.0)
+
+
+# ---------------------------------------------------------------------------------- clip_grad_norm_ ----
+
+def params_with_grads(shapes, dtype, device, grad_scale=1.0):
+    params = []
+    for i, shape in enumerate(shapes):
+        p = torch.nn.Parameter(torch.randn(shape, device=device).to(dtype))
+        if i % 7 != 3:  # some parameters have no gradient
+            p.grad = (torch.randn(shape, device=device) * grad_scale).to(dtype)
+        params.append(p)
+    return params
+
+
+def clone_params(params):
+    copies = []
+    for p in params:
+        q = torch.nn.Parameter(p.detach().clone())
+        q.grad = None if p.grad is None else p.grad.clone()
+        copies.append(q)
+    return copies
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("ord", [2, 1, INF, 0, 3.0, -INF], ids=str)
+@pytest.mark.parametrize("max_norm", [0.5, 1e9], ids=["clips", "keeps"])
+def test_clip_grad_norm_like_torch(max_norm, ord, dtype, device):
+    shapes = [(33, 17), (1000,), (5,), (3, 4, 5), (4097,), (), (64, 64)]
+    ours = params_with_grads(shapes, dtype, device)
+    theirs = clone_params(ours)
+    before = [None if p.grad is None else p.grad.clone() for p in ours]
+    total = torch_reduce.clip_grad_norm_(ours, max_norm, ord)
+    their_total = torch.nn.utils.clip_grad_norm_(theirs, max_norm, ord, foreach=True)
+    assert total.dtype == their_total.dtype and total.device == their_total.device
+    grads = [b for b in before if b is not None]
+    torch.testing.assert_close(total.double().cpu(), reference_total(grads, ord).to(dtype).double(), **TOL[dtype])
+    torch.testing.assert_close(total.double(), their_total.double(), **TORCH_TOL[dtype])
+    coefficient = min(max_norm / (reference_total(grads, ord).item() + 1e-6), 1.0)
+    for p, q, b in zip(ours, theirs, before):
+        assert (p.grad is None) == (q.grad is None)
+        if p.grad is not None:
+            want = (b.double() * coefficient).to(dtype).double()
+            torch.testing.assert_close(p.grad.double(), want, **TORCH_TOL[dtype])
+            torch.testing.assert_close(p.grad, q.grad, **TORCH_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grad_dtype,norm_dtype", [(d, d) for d in FLOAT_DTYPES] + [
+    (torch.float16, torch.float32), (torch.bfloat16, torch.float64), (torch.float32, torch.float16),
+    (torch.float64, torch.bfloat16)], ids=str)
+def test_scaling_is_torchs_bit_for_bit(grad_dtype, norm_dtype, device):
+    """Given the same total, the scaled gradients are torch's bits: the coefficient in the total's dtype with
+    torch's roundings, cast to each gradient's dtype, the product in its accumulate type."""
+    for total in (3.7, 0.123, 1e-7, 0.999999, float("nan"), float("inf")):
+        # Full chunks (16,384 float32, 32,768 16-bit elements) and their tails, and short tensors.
+        ours = params_with_grads([(257,), (4, 33), (65536 + 3,)], grad_dtype, device, grad_scale=3.0)
+        theirs = clone_params(ours)
+        total_norm = torch.tensor(total, dtype=norm_dtype, device=device)
+        torch_reduce.clip_grads_with_norm_(ours, 0.75, total_norm)
+        torch.nn.utils.clip_grads_with_norm_(theirs, 0.75, total_norm, foreach=False)
+        for p, q in zip(ours, theirs):
+            if p.grad is not None:
+                assert torch.equal(p.grad.view(-1).view(torch.uint8), q.grad.view(-1).view(torch.uint8)), total
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_grads(device):
+    params = [torch.nn.Parameter(torch.randn(40, 30, device=device)) for _ in range(3)]
+    params[0].grad = torch.randn(30, 40, device=device).t()  # dense, another order
+    params[1].grad = torch.randn(40, 60, device=device)[:, ::2]  # gaps
+    params[2].grad = torch.randn(40 * 30 + 1, device=device)[1:].view(40, 30)  # misaligned
+    theirs = clone_params(params)
+    before = [p.grad.clone() for p in params]
+    total = torch_reduce.clip_grad_norm_(params, 1.0)
+    their_total = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    torch.testing.assert_close(total.double().cpu(), reference_total(before, 2), **TOL[torch.float32])
+    torch.testing.assert_close(total, their_total, **TORCH_TOL[torch.float32])
+    for p, q in zip(params, theirs):
+        torch.testing.assert_close(p.grad, q.grad, **TORCH_TOL[torch.float32])
+    assert params[1].grad.stride() == (60, 2)  # scaled in place
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [2, 1, INF, 0, -INF, 1.5, -1], ids=str)
+def test_sparse_gradients(ord, device):
+    """nn.Embedding(sparse=True)'s gradients: uncoalesced COO tensors beside dense ones, as torch takes them."""
+    index = torch.tensor([[0, 3, 3, 7], [1, 2, 2, 0]], device=device)
+    sparse = torch.sparse_coo_tensor(index, torch.randn(4, device=device), (9, 4), check_invariants=True)
+    tensors = [torch.randn(5, device=device), sparse]
+    if empty_allowed(ord):
+        tensors.append(torch.sparse_coo_tensor(index[:, :0], torch.randn(0), (9, 4), check_invariants=True).to(device))
+    for got, want in zip(torch_reduce.foreach_norm(tensors, ord), torch._foreach_norm(tensors, ord)):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch_reduce.get_total_norm(tensors, ord), torch.nn.utils.get_total_norm(tensors, ord))
+    params = [torch.nn.Parameter(t.to_dense()) for t in tensors]
+    for p, t in zip(params, tensors):
+        p.grad = t.clone()
+    theirs = clone_params(params)
+    torch.testing.assert_close(torch_reduce.clip_grad_norm_(params, 0.1, ord),
+                               torch.nn.utils.clip_grad_norm_(theirs, 0.1, ord))
+    for p, q in zip(params, theirs):
+        torch.testing.assert_close(p.grad.to_dense(), q.grad.to_dense())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gpt2_small_shaped_list(device):
+    """The 148 tensors of GPT-2 small, scaled down on the CPU (vocabulary 5,025, 192 positions, width 96)."""
+    shapes = gpt2_small_shapes() if device == "cuda" else gpt2_small_shapes(vocab=5025, positions=192, d=96)
+    params = params_with_grads(shapes, torch.float32, device)
+    theirs = clone_params(params)
+    before = [p.grad.clone() for p in params if p.grad is not None]
+    total = torch_reduce.clip_grad_norm_(params, 1.0)
+    their_total = torch.nn.utils.clip_grad_norm_(theirs, 1.0, foreach=True)
+    torch.testing.assert_close(total.double().cpu(), reference_total(before, 2), **TOL[torch.float32])
+    torch.testing.assert_close(total, their_total, **TORCH_TOL[torch.float32])
+    for p, q in zip(params, theirs):
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, **TORCH_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -float("inf")], ids=str)
+@pytest.mark.parametrize("ord", [2, INF, 1], ids=str)
+def test_non_finite_gradients(ord, bad, device):
+    params = params_with_grads([(100,), (7, 3)], torch.float32, device)
+    params[1].grad[2, 1] = bad
+    theirs = clone_params(params)
+    with pytest.raises(RuntimeError) as their_error:
+        torch.nn.utils.clip_grad_norm_(clone_params(params), 1.0, ord, error_if_nonfinite=True)
+    with pytest.raises(RuntimeError) as our_error:
+        torch_reduce.clip_grad_norm_(params, 1.0, ord, error_if_nonfinite=True)
+    assert str(our_error.value) == str(their_error.value)
+    total = torch_reduce.clip_grad_norm_(params, 1.0, ord)
+    their_total = torch.nn.utils.clip_grad_norm_(theirs, 1.0, ord)
+    torch.testing.assert_close(total, their_total, equal_nan=True)
+    for p, q in zip(params, theirs):
+        torch.testing.assert_close(p.grad, q.grad, equal_nan=True)
+
+
+def test_foreach_true_on_an_unsupported_device_raises_like_torch():
+    params = [torch.nn.Parameter(torch.randn(3, device="meta"))]
+    params[0].grad = torch.randn(3, device="meta")
+    with pytest.raises(RuntimeError, match="foreach=True was passed, but can't use the foreach API on meta tensors"):
+        torch_reduce.clip_grad_norm_(params, 1.0, foreach=True)
+
+
+def test_clip_grads_checks():
+    with pytest.raises(RuntimeError, match="0-dim floating tensor"):
+        torch.ops.reduce.clip_grads_([torch.randn(3)], torch.ones(2), 1.0)
+    with pytest.raises(RuntimeError, match="0-dim floating tensor"):
+        torch.ops.reduce.clip_grads_([torch.randn(3, device="meta")], torch.ones(2, device="meta"), 1.0)
+    with pytest.raises(RuntimeError, match="gradients"):
+        torch.ops.reduce.clip_grads_([torch.ones(3, dtype=torch.long)], torch.tensor(1.0), 1.0)
+
+
+def test_clip_grads_bump_versions():
+    g = torch.randn(5)
+    version = g._version
+    torch.ops.reduce.clip_grads_([g], torch.tensor(10.0), 1.0)
+    assert g._version > version
+    version = g._version
+    torch.ops.reduce.clip_grad_norm_([g], 1.0, 2.0)
+    assert g._version > version
+
+
+def test_fused_clip_checks_like_its_parts():
+    for device in ("cpu", "meta"):
+        with pytest.raises(RuntimeError, match="Expected a floating point"):
+            torch.ops.reduce.clip_grad_norm_([torch.ones(3, dtype=torch.long, device=device)], 1.0, 2.0)
+        with pytest.raises(RuntimeError, match="infinity norm on an empty tensor"):
+            torch.ops.reduce.clip_grad_norm_([torch.ones(0, device=device)], 1.0, INF)
+
+
+# ------------------------------------------------------------------- autograd, fake kernels, compile ----
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [2, 1, INF, 3.0, 0.5], ids=str)
+def test_gradients_are_torchs(ord, device):
+    """Under grad mode with an input requiring grad, torch's ops run (composite path): torch's gradients."""
+    xs = [torch.randn(s, device=device, dtype=torch.float64, requires_grad=True) for s in [(5,), (3, 4), (7,)]]
+    ys = [x.detach().clone().requires_grad_() for x in xs]
+    ours = torch_reduce.foreach_norm(xs, ord)
+    theirs = [torch.linalg.vector_norm(y, ord) for y in ys]
+    assert all(o.grad_fn is not None for o in ours)
+    sum(o * (i + 1) for i, o in enumerate(ours)).backward()
+    sum(t * (i + 1) for i, t in enumerate(theirs)).backward()
+    for x, y in zip(xs, ys):
+        torch.testing.assert_close(x.grad, y.grad)
+    total = torch.ops.reduce.total_norm(xs, float(ord))
+    (gx,) = torch.autograd.grad(total, xs[1])
+    their_total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(y, ord) for y in ys]), ord)
+    (gy,) = torch.autograd.grad(their_total, ys[1])
+    torch.testing.assert_close(gx, gy)
+    assert torch.autograd.gradcheck(lambda *t: tuple(torch_reduce.foreach_norm(t, ord)), tuple(xs))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_forward_mode_and_transforms(device):
+    xs = tuple(torch.randn(s, device=device, dtype=torch.float64, requires_grad=True) for s in [(5,), (3, 4)])
+    assert torch.autograd.gradgradcheck(lambda *t: tuple(torch_reduce.foreach_norm(t, 3.0)), xs)
+    tangents = tuple(torch.randn_like(x) for x in xs)
+    primals = tuple(x.detach() for x in xs)
+    ours = torch.func.jvp(lambda *t: tuple(torch_reduce.foreach_norm(t)), primals, tangents)
+    theirs = torch.func.jvp(lambda *t: tuple(torch.linalg.vector_norm(x) for x in t), primals, tangents)
+    torch.testing.assert_close(ours, theirs)
+    ours = torch.func.grad(lambda t: torch.ops.reduce.total_norm([t, t * 2], 2.0))(primals[1])
+
+    def their_total(t):
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t), torch.linalg.vector_norm(t * 2)]))
+
+    torch.testing.assert_close(ours, torch.func.grad(their_total)(primals[1]))
+
+
+def test_compiled_gradients():
+    torch._dynamo.reset()
+    xs = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in [(5,), (3, 4)]]
+    ys = [x.detach().clone().requires_grad_() for x in xs]
+    loss = torch.compile(lambda t: sum(n * n for n in torch_reduce.foreach_norm(t, 1.5)), fullgraph=True)(xs)
+    loss.backward()
+    sum(torch.linalg.vector_norm(y, 1.5) ** 2 for y in ys).backward()
+    for x, y in zip(xs, ys):
+        torch.testing.assert_close(x.grad, y.grad)
+
+
+def test_clip_grad_norm_runs_under_no_grad():
+    p = torch.nn.Parameter(torch.randn(10))
+    p.grad = torch.randn(10)
+    total = torch_reduce.clip_grad_norm_([p], 0.1)
+    assert not total.requires_grad and total.grad_fn is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for dtype in (torch.float32, torch.float16):
+        tensors = [torch.randn(s, device=device).to(dtype) for s in [(5,), (3, 17), (1000,)]]
+        torch.library.opcheck(torch.ops.reduce.foreach_norm.default, (tensors, 2.0, None))
+        torch.library.opcheck(torch.ops.reduce.foreach_norm.default, (tensors, INF, torch.float32))
+        torch.library.opcheck(torch.ops.reduce.total_norm.default, (tensors, 1.5))
+        total = torch.ops.reduce.total_norm(tensors, 2.0)
+        torch.library.opcheck(torch.ops.reduce.clip_grads_.default, (tensors, total, 0.1))
+        torch.library.opcheck(torch.ops.reduce.clip_grad_norm_.default, (tensors, 0.1, 2.0))
+    grads = [torch.randn(4, device=device, requires_grad=True)]
+    torch.library.opcheck(torch.ops.reduce.foreach_norm.default, (grads, 2.0, None))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def step(tensors):
+        norms = torch_reduce.foreach_norm(tensors, 2)
+        return [n * 2 for n in norms], torch.ops.reduce.total_norm(tensors, 2.0)
+
+    tensors = [torch.randn(s, device=device) for s in [(5,), (3, 17), (1000,)]]
+    norms, total = step(tensors)
+    for t, n in zip(tensors, norms):
+        torch.testing.assert_close(n.cpu().double(), 2 * reference_norm(t, 2), **TOL[torch.float32])
+    torch.testing.assert_close(total.cpu().double(), reference_total(tensors, 2), **TOL[torch.float32])
+
+
+def test_fake_kernels_give_the_shapes_and_dtypes():
+    tensors = [torch.empty(3, 4, device="meta", dtype=torch.float16), torch.empty(5, device="meta")]
+    norms = torch_reduce.foreach_norm(tensors)
+    assert [(n.shape, n.dtype, n.device.type) for n in norms] == [((), torch.float16, "meta"),
+                                                                   ((), torch.float32, "meta")]
+    total = torch.ops.reduce.total_norm(tensors, 2.0)
+    assert (total.shape, total.dtype, total.device.type) == ((), torch.float32, "meta")
+
+
+# --------------------------------------------------------------------------------------------- the GPU ----
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("ord", [2, 1, INF, 0, 1.5], ids=str)
+def test_reproducible_bit_for_bit(ord, dtype):
+    shapes = gpt2_small_shapes(vocab=20000, d=256)
+    tensors = [torch.randn(s, device="cuda").to(dtype) for s in shapes]
+    first_total = torch.ops.reduce.total_norm(tensors, float(ord))
+    first_norms = torch.stack(torch_reduce.foreach_norm(tensors, ord))
+    for _ in range(100):
+        assert torch.equal(torch.ops.reduce.total_norm(tensors, float(ord)), first_total)
+        assert torch.equal(torch.stack(torch_reduce.foreach_norm(tensors, ord)), first_norms)
+
+
+@requires_cuda
+def test_cpu_and_cuda_tensors_in_one_list():
+    tensors = [torch.randn(100), torch.randn(50, device="cuda"), torch.randn(7, dtype=torch.float64),
+               torch.randn(3, 3, device="cuda", dtype=torch.float16)]
+    for ord in (2, INF, 0, 1.5):
+        norms = torch_reduce.foreach_norm(tensors, ord)
+        assert [n.device for n in norms] == [t.device for t in tensors]
+        for t, n in zip(tensors, norms):
+            torch.testing.assert_close(n.double().cpu(), reference_norm(t, ord).to(t.dtype).double(), **TOL[t.dtype])
+        total = torch_reduce.get_total_norm(tensors, ord)
+        theirs = torch.nn.utils.get_total_norm(tensors, ord)
+        assert total.device == theirs.device and total.dtype == theirs.dtype
+        torch.testing.assert_close(total, theirs, **TORCH_TOL[torch.float32])
+    params = [torch.nn.Parameter(t.clone()) for t in tensors]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    theirs = clone_params(params)
+    torch.testing.assert_close(torch_reduce.clip_grad_norm_(params, 0.5), torch.nn.utils.clip_grad_norm_(theirs, 0.5),
+                               **TORCH_TOL[torch.float32])
+    for p, q in zip(params, theirs):
+        torch.testing.assert_close(p.grad, q.grad, **TORCH_TOL[p.dtype])
+
+
+@requires_cuda
+def test_side_stream_and_cuda_graph():
+    params = params_with_grads([(1000, 33), (77,), (4096,)], torch.float32, "cuda", grad_scale=5.0)
+    grads = [p.grad for p in params if p.grad is not None]
+    start = [g.clone() for g in grads]
+    want = torch_reduce.clip_grad_norm_(clone_params(params), 1.0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        total = torch_reduce.clip_grad_norm_(params, 1.0)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(total, want)
+    graph = torch.cuda.CUDAGraph()
+    for g, s in zip(grads, start):
+        g.copy_(s)
+    with torch.cuda.graph(graph):
+        captured = torch_reduce.clip_grad_norm_(params, 1.0)
+    for _ in range(2):
+        for g, s in zip(grads, start):
+            g.copy_(s)
+        graph.replay()
+        assert torch.equal(captured, want)
+        expected = clone_params(params)
+        for g, s in zip(expected, start):
+            g.grad = s.clone()
+        torch_reduce.clip_grad_norm_(expected, 1.0)
+        for g, e in zip(grads, expected):
+            assert torch.equal(g, e.grad)
+
+
+@requires_cuda
+def test_more_than_2_31_elements():
+    n = 2**31 + 3
+    x = torch.ones(n, device="cuda", dtype=torch.bfloat16)
+    x[-1] = 2
+    total = torch.ops.reduce.total_norm([x], 1.0)
+    assert total.item() == float(torch.tensor(n + 1.0, dtype=torch.bfloat16))
+    assert torch_reduce.foreach_norm([x], INF)[0].item() == 2
+    torch.ops.reduce.clip_grads_([x], torch.tensor(4.0, device="cuda"), 1.0)
+    assert x[-1].item() == 0.5 and x[2**31 + 1].item() == 0.25

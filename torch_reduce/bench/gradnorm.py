@@ -1,0 +1,96 @@
+"""Gradient-norm section: one eager call of torch_reduce.clip_grad_norm_ against torch.nn.utils.clip_grad_norm_
+(foreach=True), same run, on
+
+(a) the 148 gradient tensors of GPT-2 small (124,439,808 float32: wte 50257x768, wpe 1024x768, per layer ln_1,
+    attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj weights and biases, ln_f), target >= 3x torch;
+(b) 1,000 tensors of 256 float32 (launch-bound), target >= 20x torch.
+
+Each sample is one call between CUDA events (host overhead included, as the GPU timeline sees it), on the next
+gradient list of a rotation larger than the L2. GB/s counts what the clip must move: every gradient read once for
+the norm, then read and written for the scaling. Writes gradnorm.json and gradnorm.md.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+import torch_reduce
+
+from .context import Context
+from .timing import gbps, l2_rotation_bytes, time_launches
+
+MAX_NORM = 1.0
+TARGETS = {"gpt2-small": 3.0, "1000x256": 20.0}
+
+
+def gpt2_small_shapes() -> list[tuple[int, ...]]:
+    """GPT2LMHeadModel's parameters (lm_head tied to wte), in its order."""
+    d, shapes = 768, [(50257, 768), (1024, 768)]
+    for _ in range(12):
+        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]
+    return shapes + [(d,), (d,)]
+
+
+def _parameter_lists(shapes, lists: int) -> list[list[torch.nn.Parameter]]:
+    out = []
+    for _ in range(lists):
+        params = []
+        for shape in shapes:
+            p = torch.nn.Parameter(torch.empty(shape, device="cuda"))
+            p.grad = torch.randn(shape, device="cuda")
+            params.append(p)
+        out.append(params)
+    return out
+
+
+def _rotation(shapes) -> list[list[torch.nn.Parameter]]:
+    """Enough gradient lists that cycling through them streams past the L2: two of GPT-2 small (each is eight
+    times the H200's L2), 256 of 1,000 x 256 floats."""
+    list_bytes = 4 * sum(math.prod(s) for s in shapes)
+    return _parameter_lists(shapes, max(2, math.ceil(l2_rotation_bytes() / list_bytes)))
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def run(ctx: Context) -> str:
+    cases = {"gpt2-small": gpt2_small_shapes(), "1000x256": [(256,)] * 1000}
+    records, lines = [], [f"## Global gradient norm: clip_grad_norm_ (line: {ctx.line_gbps:.0f} GB/s"
+                          + (", quick)" if ctx.quick else ")"), "", f"{ctx.line.describe()}.", "",
+                          "One eager call each; GB/s: 3 x the gradient bytes (read for the norm, read and written "
+                          "for the scaling) / time.", "",
+                          "| list | tensors | elements | torch ms | ours ms | torch GB/s | ours GB/s | ours % of line "
+                          "| ratio | target | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ours = lambda params: torch_reduce.clip_grad_norm_(params, MAX_NORM)  # noqa: E731
+    theirs = lambda params: torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=True)  # noqa: E731
+    for name, shapes in cases.items():
+        inputs = _rotation(shapes)
+        check = [p.grad.clone() for p in inputs[0]]
+        got = torch_reduce.get_total_norm(check)
+        want = torch.nn.utils.get_total_norm(check)
+        if not torch.allclose(got, want, rtol=1e-4):
+            raise AssertionError(f"{name}: total norm {got.item()} vs torch's {want.item()}")
+        del check
+        elements = sum(math.prod(s) for s in shapes)
+        nbytes = 3 * 4 * elements
+        their_ms = time_launches(theirs, inputs).median_ms
+        our_ms = time_launches(ours, inputs).median_ms
+        ratio = their_ms / our_ms
+        target = TARGETS[name]
+        for impl, ms in (("torch", their_ms), ("torch_reduce", our_ms)):
+            records.append({"list": name, "impl": impl, "tensors": len(shapes), "elements": elements,
+                            "dtype": "float32", "mode": "launch", "median_ms": ms, "gbps": gbps(nbytes, ms),
+                            "pct_line": ctx.pct_of_line(gbps(nbytes, ms)), "ratio": ratio if impl != "torch" else 1.0,
+                            "target_ratio": target})
+        lines.append(f"| {name} | {len(shapes)} | {elements:,} | {their_ms:.3f} | {our_ms:.3f} | "
+                     f"{gbps(nbytes, their_ms):.0f} | {gbps(nbytes, our_ms):.0f} | "
+                     f"{ctx.pct_of_line(gbps(nbytes, our_ms)):.0f}% | {ratio:.1f}x | >= {target:g}x | "
+                     f"{_verdict(ratio >= target)} |")
+        del inputs
+        torch.cuda.empty_cache()
+    ctx.write_json("gradnorm", records, {"max_norm": MAX_NORM})
+    text = "\n".join(lines + [""])
+    ctx.write_text("gradnorm.md", text)
+    return text

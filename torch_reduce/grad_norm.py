@@ -1,0 +1,94 @@
+"""The global gradient norm with torch's signatures: ``foreach_norm`` (torch._foreach_norm), ``get_total_norm``,
+``clip_grads_with_norm_`` and ``clip_grad_norm_`` (torch.nn.utils'), on torch.ops.reduce.foreach_norm, total_norm
+and clip_grads_ (csrc/grad_norm.h).
+
+On the GPU each device's list takes two launches for its norm and one for the scaling, whatever its length, with
+a fixed fold order: the same gradients give the same total, bit for bit, on every run. The clip coefficient is
+computed on the device, so clipping never waits for the GPU unless ``error_if_nonfinite`` asks to (as torch's).
+"""
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Iterable, Optional, Union
+
+import torch
+
+_Tensors = Union[torch.Tensor, Iterable[torch.Tensor]]
+
+
+def foreach_norm(tensors: Iterable[torch.Tensor], ord: float = 2, dtype: Optional[torch.dtype] = None
+                 ) -> list[torch.Tensor]:
+    """torch._foreach_norm: each tensor's vector norm of order ``ord`` (0, 1, 2, inf, -inf or any float), a 0-dim
+    tensor in ``dtype`` (a floating dtype the tensor's reaches without narrowing), else in the tensor's dtype.
+    Differentiable (torch's gradients). An empty list raises, as torch's does."""
+    tensors = list(tensors)
+    if len(tensors) == 0:  # the op cannot dispatch without a tensor
+        raise RuntimeError("Tensor list must have at least one tensor.")
+    return torch.ops.reduce.foreach_norm(tensors, float(ord), dtype)
+
+
+def _check_foreach(tensors: list[torch.Tensor], foreach: Optional[bool]) -> None:
+    """foreach=True on a device type without torch's foreach kernels raises, as torch's does; otherwise ``foreach``
+    changes nothing: ours are multi-tensor kernels on CPU and CUDA alike."""
+    if not foreach:
+        return
+    for device in {t.device for t in tensors}:
+        if device.type not in ("cpu", "cuda"):
+            raise RuntimeError(f"foreach=True was passed, but can't use the foreach API on {device.type} tensors")
+
+
+@torch.no_grad()
+def get_total_norm(tensors: _Tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                   foreach: Optional[bool] = None) -> torch.Tensor:
+    """torch.nn.utils.get_total_norm: the norm of every element of ``tensors`` as one vector, on the first tensor's
+    device, in their dtypes promoted (``torch.tensor(0.)`` for no tensors). For order 0, as torch, the number of
+    tensors holding a non-zero element."""
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    norm_type = float(norm_type)
+    if len(tensors) == 0:
+        return torch.tensor(0.0)
+    _check_foreach(tensors, foreach)
+    total_norm = torch.ops.reduce.total_norm(tensors, norm_type)
+    if error_if_nonfinite and torch.logical_or(total_norm.isnan(), total_norm.isinf()):
+        raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it "
+                           "cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
+                           "anyway, set `error_if_nonfinite=False`")
+    return total_norm
+
+
+@torch.no_grad()
+def clip_grads_with_norm_(parameters: _Tensors, max_norm: float, total_norm: torch.Tensor,
+                          foreach: Optional[bool] = None) -> None:
+    """torch.nn.utils.clip_grads_with_norm_: each gradient times clamp(max_norm / (total_norm + 1e-6), max=1), in
+    place, the coefficient computed on the device."""
+    parameters = [parameters] if isinstance(parameters, torch.Tensor) else parameters
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if len(grads) == 0:
+        return
+    _check_foreach(grads, foreach)
+    torch.ops.reduce.clip_grads_(grads, total_norm, float(max_norm))
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: _Tensors, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: Optional[bool] = None) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_: scales the gradients of ``parameters`` in place so that their total norm of
+    order ``norm_type`` is at most ``max_norm``, and returns that total norm (before scaling). ``foreach`` is
+    accepted for torch's signature: every call runs the multi-tensor kernels."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    else:
+        is_generator = isinstance(parameters, types.GeneratorType)
+        parameters = list(parameters)
+        if is_generator and len(parameters) == 0:
+            warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=3)
+    grads = [p.grad for p in parameters]
+    grads = [g for g in grads if g is not None]
+    if error_if_nonfinite or len(grads) == 0:
+        total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+        if grads:
+            torch.ops.reduce.clip_grads_(grads, total_norm, float(max_norm))
+        return total_norm
+    _check_foreach(grads, foreach)
+    return torch.ops.reduce.clip_grad_norm_(grads, float(max_norm), float(norm_type))
