@@ -9,9 +9,13 @@ import sys
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import torch_reduce
 from conftest import ALL_DTYPES, DEVICES, FLOAT_DTYPES, random_tensor, requires_cuda, subprocess_env
+
+OPS = ["sum", "mean", "amax", "amin", "prod", "vector_norm", "var_mean"]
 
 ORDS = [2, 1, 0, float("inf"), float("-inf"), 3, 0.5, -1.5]
 
@@ -138,6 +142,36 @@ def test_var_mean_like_torch(dtype, device):
             for keepdim in (False, True):
                 for correction in (0, 1, 2.5):
                     check("var_mean", x, dim, keepdim, correction=correction)
+
+
+@st.composite
+def drawn(draw, device):
+    """A random base of 1..4 dims (sizes 0..6, some 1), permuted, expanded in its size-1 dims to 1..40."""
+    shape = draw(st.lists(st.integers(0, 6), min_size=1, max_size=4))
+    ones = draw(st.lists(st.booleans(), min_size=len(shape), max_size=len(shape)))
+    shape = [1 if one else size for one, size in zip(ones, shape)]
+    dtype = draw(st.sampled_from(ALL_DTYPES))
+    order = draw(st.permutations(range(len(shape))))
+    base = random_tensor([shape[d] for d in order], dtype, device).permute(*[order.index(d) for d in range(len(shape))])
+    sizes = [draw(st.integers(1, 40)) if size == 1 else size for size in shape]
+    return base.expand(sizes)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_drawn_like_torch(device, data):
+    x = data.draw(drawn(device))
+    name = data.draw(st.sampled_from(OPS))
+    dims = data.draw(st.lists(st.integers(0, x.dim() - 1), min_size=1, max_size=x.dim(), unique=True))
+    dim = None if data.draw(st.booleans()) else tuple(dims)
+    keepdim = data.draw(st.booleans())
+    if name == "prod" and x.dtype.is_floating_point:
+        x = x.clamp(-2, 2) / 1.5
+    kwargs = {"ord": data.draw(st.sampled_from(ORDS))} if name == "vector_norm" else {}
+    if name == "var_mean":
+        kwargs["correction"] = data.draw(st.sampled_from([0, 1]))
+    check(name, x, dim, keepdim, **kwargs)
 
 
 @pytest.mark.parametrize("device", DEVICES)
