@@ -159,6 +159,53 @@ Layout layout_of(const at::Tensor& x, const std::bitset<at::dim_bitset_size>& re
   return layout;
 }
 
+// An input with its expanded dims (size > 1, stride 0) narrowed to one slice; `reduced` is the product of
+// the reduced ones' sizes (the times each element repeats in every reduction), `kept` whether a kept one was
+// narrowed (the result is expanded back).
+struct Repeats {
+  at::Tensor input;
+  int64_t reduced = 1;
+  bool kept = false;
+};
+
+Repeats read_once(const at::Tensor& x, const std::bitset<at::dim_bitset_size>& reduce_mask) {
+  Repeats repeats{x};
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (x.size(d) <= 1 || x.stride(d) != 0) continue;
+    if (reduce_mask[d]) repeats.reduced *= x.size(d);
+    else repeats.kept = true;
+    repeats.input = repeats.input.narrow(d, 0, 1);
+  }
+  return repeats;
+}
+
+// max, min and the norms of order +-inf are the same over any repeats of their elements; the others fold them.
+bool folds_repeats(const ReduceKind& kind) {
+  if (kind.reduction == Reduction::Amax || kind.reduction == Reduction::Amin) return false;
+  return !(kind.reduction == Reduction::VectorNorm && std::isinf(kind.ord));
+}
+
+// Accumulators of elements read once, made those of each element read k times: a sum (mean, the norms'
+// sums of |x|^p) times k, a product to the power k. Integers wrap modulo 2^64 as k additions or products
+// would; floating ones are computed in double and rounded once, at least as accurate as k terms folded one
+// by one (inf and NaN stay, 0 stays 0: k > 1).
+void fold_repeats(Reduction r, const at::Tensor& partial, int64_t k) {
+  if (!at::isFloatingType(partial.scalar_type())) {
+    const at::Tensor bits = partial.view(at::kLong);  // uint64's accumulators: the same bits as int64's
+    if (r == Reduction::Prod) bits.copy_(at::pow(bits, k));
+    else bits.mul_(k);
+    return;
+  }
+  const at::Tensor wide = partial.to(at::kDouble);
+  if (r != Reduction::Prod) {
+    partial.copy_(wide * static_cast<double>(k));
+    return;
+  }
+  // |p|^k, negative for a negative p and an odd k (decided on k itself, which a double may round above 2^53).
+  const at::Tensor magnitude = at::pow(wide.abs(), static_cast<double>(k));
+  partial.copy_(k % 2 == 1 ? at::copysign(magnitude, wide) : magnitude);
+}
+
 // The normal form of reducing run `at` (runs.size() for none): the runs before it outer, after it inner.
 ReduceProblem problem_of(const at::Tensor& input, const std::vector<Run>& runs, size_t at) {
   int64_t outer = 1, reduced = 1, inner = 1;
@@ -178,40 +225,53 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
   const at::ScalarType out_type = result_type(r, self.scalar_type(), dtype);
   // dtype= casts the input first (as torch does), so the sum runs in the accumulate type of that dtype.
   // Without it the kernels read the input as it is: an integer sum accumulates in int64 anyway.
-  const at::Tensor x = dtype.has_value() && *dtype != self.scalar_type() ? self.to(*dtype) : self;
-  check_dim_reduction_dtype(r, x.scalar_type());
+  const at::ScalarType input_type = dtype.value_or(self.scalar_type());
+  check_dim_reduction_dtype(r, input_type);
 
-  const int64_t ndim = x.dim();
+  const int64_t ndim = self.dim();
   const bool all_dims = !call.dim.has_value() || call.dim->empty();  // torch: dim=None and dim=() mean every dim
-  check_empty_amax_amin(r, x, call);
+  check_empty_amax_amin(r, self, call);
   std::bitset<at::dim_bitset_size> reduce_mask;
   if (all_dims) {
     for (int64_t d = 0; d < ndim; ++d) reduce_mask.set(d);
   } else {
     reduce_mask = at::dim_list_to_bitset(*call.dim, ndim);  // wraps negative dims; raises on repeats and range
   }
-  check_empty_vector_norm(r, x, call);
+  check_empty_vector_norm(r, self, call);
 
   // A complex sum or mean is two real ones: the kernels read the (real, imaginary) pairs as a kept trailing
   // dim of 2, and the result is viewed as complex again.
-  const bool complex = x.is_complex();
-  const at::Tensor input = complex ? at::view_as_real(x) : x;
+  const bool complex = at::isComplexType(input_type);
   const auto as_out = [&](const at::Tensor& t) { return complex ? at::view_as_complex(t) : t; };
   std::vector<int64_t> out_shape;
   int64_t reduced_count = 1;
-  for (int64_t d = 0; d < input.dim(); ++d) {
-    if (!reduce_mask[d]) out_shape.push_back(input.size(d));
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (!reduce_mask[d]) out_shape.push_back(self.size(d));
     else {
-      reduced_count *= input.size(d);
+      reduced_count *= self.size(d);
       if (call.keepdim) out_shape.push_back(1);
     }
   }
+  if (complex) out_shape.push_back(2);
   const at::ScalarType value_type = c10::toRealValueType(out_type);
-  const auto out_options = input.options().dtype(value_type);
-  const int64_t outputs = c10::multiply_integers(out_shape);
-  if (outputs == 0) return as_out(at::empty(out_shape, out_options));
+  const auto out_options = self.options().dtype(value_type);
+  if (c10::multiply_integers(out_shape) == 0) return as_out(at::empty(out_shape, out_options));
   ReduceKind kind{r, call.ord, reduced_count, Stage::Whole};
-  if (reduced_count == 0) return as_out(at::full(out_shape, empty_value(kind, input.scalar_type()), out_options));
+  if (reduced_count == 0) {
+    return as_out(at::full(out_shape, empty_value(kind, c10::toRealValueType(input_type)), out_options));
+  }
+
+  // Expanded dims (stride 0) hold one slice repeated: it is read (and cast) once, never copied out.
+  const Repeats repeats = read_once(self, reduce_mask);
+  const at::Tensor x = repeats.input.scalar_type() == input_type ? repeats.input : repeats.input.to(input_type);
+  const at::Tensor input = complex ? at::view_as_real(x) : x;
+  std::vector<int64_t> computed_shape;  // out_shape with the kept repeated dims as 1
+  for (int64_t d = 0; d < input.dim(); ++d) {
+    if (!reduce_mask[d]) computed_shape.push_back(input.size(d));
+    else if (call.keepdim) computed_shape.push_back(1);
+  }
+  const int64_t outputs = c10::multiply_integers(computed_shape);
+  const bool fold = repeats.reduced > 1 && folds_repeats(kind);
 
   Layout layout = layout_of(input, reduce_mask);
   // Reduced runs apart in memory: the largest first (it shrinks the intermediate most), each stage's
@@ -234,15 +294,24 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
       if (i != at) append_run(remaining, runs[i].first, runs[i].second);
     runs = remaining;
   }
-  if (kind.stage != Stage::Whole) kind.stage = Stage::Last;
   const auto reduced_run = std::find_if(runs.begin(), runs.end(), is_reduced);
-  const ReduceProblem problem = problem_of(source, runs, static_cast<size_t>(reduced_run - runs.begin()));
-  at::Tensor out = at::empty({outputs}, input.options().dtype(kernel_result_type(r, source.scalar_type())));
+  ReduceProblem problem = problem_of(source, runs, static_cast<size_t>(reduced_run - runs.begin()));
+  if (fold) {
+    // The repeats multiply the accumulators (before the final map: a norm's root, a mean's division by
+    // every element's count), which a last launch over one accumulator each then projects.
+    kind.stage = kind.stage == Stage::Whole ? Stage::First : Stage::Middle;
+    at::Tensor partial = at::empty({outputs}, input.options().dtype(accumulate_type(input.scalar_type())));
+    launch(kind, problem, partial);
+    fold_repeats(r, partial, repeats.reduced);
+    problem = ReduceProblem{partial, outputs, 1, 1};
+  }
+  if (kind.stage != Stage::Whole) kind.stage = Stage::Last;
+  at::Tensor out = at::empty({outputs}, input.options().dtype(kernel_result_type(r, problem.input.scalar_type())));
   launch(kind, problem, out);
 
   // The kernel wrote the kept dims in layout.kept_order; return them in the input's order, contiguous
   // (a copy only when that order differs, e.g. a permuted input keeping several dims).
-  at::Tensor result = out.view(out_shape);
+  at::Tensor result = out.view(computed_shape);
   if (!std::is_sorted(layout.kept_order.begin(), layout.kept_order.end())) {
     std::vector<int64_t> written_sizes;
     for (int64_t d : layout.kept_order) written_sizes.push_back(input.size(d));
@@ -250,9 +319,11 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
     std::iota(by_dim.begin(), by_dim.end(), 0);
     std::sort(by_dim.begin(), by_dim.end(),
               [&](int64_t a, int64_t b) { return layout.kept_order[a] < layout.kept_order[b]; });
-    result = out.view(written_sizes).permute(by_dim).contiguous().view(out_shape);
+    result = out.view(written_sizes).permute(by_dim).contiguous().view(computed_shape);
   }
-  return as_out(result.scalar_type() == value_type ? result : result.to(value_type));
+  if (result.scalar_type() != value_type) result = result.to(value_type);
+  if (repeats.kept) result = result.expand(out_shape).contiguous();
+  return as_out(result);
 }
 
 // Sparse layouts reach these kernels, not the dense ones: an error naming the layout, from the op itself.

@@ -33,30 +33,50 @@ VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef
   const std::bitset<at::dim_bitset_size> reduced =
       (!dim.has_value() || dim->empty()) ? std::bitset<at::dim_bitset_size>().set()
                                          : at::dim_list_to_bitset(*dim, ndim);
-  std::vector<int64_t> order, out_shape;
+  // Expanded dims (stride 0) hold one slice repeated: it is read once. A repeated reduced dim leaves the mean
+  // as it is and multiplies m2 and the count by its size (divisor below); a repeated kept dim gives equal rows,
+  // computed once and expanded (results()).
+  at::Tensor x = input;
+  int64_t repeats = 1;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (input.size(d) <= 1 || input.stride(d) != 0) continue;
+    if (reduced[d]) repeats *= input.size(d);
+    x = x.narrow(d, 0, 1);
+  }
+  std::vector<int64_t> order, out_shape, computed_shape;
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < ndim; ++d) {
     if (!reduced[d]) {
       order.push_back(d);
-      outer *= input.size(d);
+      outer *= x.size(d);
       out_shape.push_back(input.size(d));
+      computed_shape.push_back(x.size(d));
     } else if (keepdim) {
       out_shape.push_back(1);
+      computed_shape.push_back(1);
     }
   }
   for (int64_t d = 0; d < ndim; ++d) {
     if (reduced[d]) {
       order.push_back(d);
-      inner *= input.size(d);
+      inner *= x.size(d);
     }
   }
   VarMeanProblem p;
-  p.rows = input.permute(order).contiguous().view({outer, inner});
-  p.var = at::empty(out_shape, input.options().memory_format(at::MemoryFormat::Contiguous));
-  p.mean = at::empty(out_shape, input.options().memory_format(at::MemoryFormat::Contiguous));
+  p.rows = x.permute(order).contiguous().view({outer, inner});
+  p.var = at::empty(computed_shape, input.options().memory_format(at::MemoryFormat::Contiguous));
+  p.mean = at::empty(computed_shape, input.options().memory_format(at::MemoryFormat::Contiguous));
+  p.shape = out_shape;
   p.inner = inner;
-  p.divisor = std::max(0.0, static_cast<double>(inner) - correction_value(correction));
+  // m2 of the rows read once over this is the full m2 over max(0, N - correction), N = inner * repeats.
+  p.divisor = std::max(0.0, static_cast<double>(inner) * static_cast<double>(repeats) - correction_value(correction)) /
+              static_cast<double>(repeats);
   return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> VarMeanProblem::results() const {
+  if (var.sizes().equals(shape)) return {var, mean};
+  return {var.expand(shape).contiguous(), mean.expand(shape).contiguous()};
 }
 
 LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef normalized_shape_sym,

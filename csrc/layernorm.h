@@ -7,14 +7,19 @@
 #include <array>
 #include <limits>
 #include <optional>
+#include <tuple>
+#include <vector>
 
 namespace torch_reduce {
 
 struct VarMeanProblem {
-  at::Tensor rows;       // contiguous (outer, inner): the kept dims first, the reduced dims last
-  at::Tensor var, mean;  // contiguous results in the caller's shape, one element per row
-  int64_t inner;         // elements reduced per row
-  double divisor;        // max(0, inner - correction), as torch.var divides
+  at::Tensor rows;             // contiguous (outer, inner): the kept dims first, the reduced dims last
+  at::Tensor var, mean;        // contiguous, one element per row: the caller's shape but expanded dims as 1
+  std::vector<int64_t> shape;  // the caller's shape
+  int64_t inner;               // elements reduced per row
+  double divisor;              // what m2 is divided by: max(0, N - correction) / (N / inner), as torch.var divides
+  // var and mean in the caller's shape.
+  std::tuple<at::Tensor, at::Tensor> results() const;
 };
 
 // torch.var_mean's checks and shapes. dim: None or empty reduces every dim; correction: None means 1,

@@ -60,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& input, at::Opt
       }
     });
   });
-  return {p.var, p.mean};
+  return p.results();
 }
 
 template <typename T>

@@ -333,13 +333,14 @@ void launch_dim_reduction(const ReduceKind& kind, const ReduceProblem& p, const 
       using out_t = typename decltype(out_type)::type;
       const scalar_t* in = p.input.const_data_ptr<scalar_t>();
       out_t* result = out.mutable_data_ptr<out_t>();
-      if (p.outer * p.inner == 1) {
-        if constexpr (decltype(whole)::value) {
+      if constexpr (decltype(whole)::value) {
+        if (p.outer * p.inner == 1) {
           launch_device_reduce<Tuning::kDimBlock, scalar_t, acc_t>(in, p.reduced, result, ops, true, out.device());
-        } else {
-          TORCH_CHECK(false, "torch_reduce: a stage of a split reduction covered the whole tensor");
+          return;
         }
-      } else if (p.inner == 1) {
+      }
+      // A stage over the whole tensor (an expanded input's, whose repeats fold into its accumulator) is one row.
+      if (p.inner == 1) {
         launch_rows<Tuning, scalar_t, acc_t>(in, p.outer, p.reduced, result, ops, out.options(), stream);
       } else {
         launch_columns<Tuning, scalar_t, acc_t>(in, p.outer, p.reduced, p.inner, result, ops, out.options(), stream);

@@ -71,8 +71,12 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cuda(const at::Tensor& input, at::Op
   check_kernel_image_for_current_device();
   VarMeanProblem p = var_mean_problem(input, dim, correction, keepdim, op);
   const int64_t rows = p.rows.size(0), cols = p.inner;
-  if (rows == 0) return {p.var, p.mean};
-  if (cols == 0) return {p.var.fill_(NAN), p.mean.fill_(NAN)};  // torch: the mean of nothing is NaN
+  if (rows == 0) return p.results();
+  if (cols == 0) {
+    p.var.fill_(NAN);
+    p.mean.fill_(NAN);
+    return p.results();
+  }  // torch: the mean of nothing is NaN
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t sms = multiprocessors();
   TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), "reduce::var_mean", [&] {
@@ -112,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cuda(const at::Tensor& input, at::Op
       });
     });
   });
-  return {p.var, p.mean};
+  return p.results();
 }
 
 }  // namespace
