@@ -226,7 +226,7 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
     const ReduceProblem stage = problem_of(source, runs, at);
     kind.stage = kind.stage == Stage::Whole ? Stage::First : Stage::Middle;
     at::Tensor partial = at::empty({stage.outer * stage.inner},
-                                   input.options().dtype(accumulate_type(input.scalar_type())));
+                                   input.options().dtype(accumulate_type(r, input.scalar_type())));
     launch(kind, stage, partial);
     source = partial;
     std::vector<Run> remaining;
