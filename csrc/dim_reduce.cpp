@@ -189,6 +189,8 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
     for (int64_t d = 0; d < ndim; ++d) reduce_mask.set(d);
   } else {
     reduce_mask = at::dim_list_to_bitset(*call.dim, ndim);  // wraps negative dims; raises on repeats and range
+    // A 0-dim tensor's dim 0 (or -1) is the tensor itself, not the pair dim of a complex one's real view.
+    if (ndim == 0) reduce_mask.reset();
   }
   check_empty_vector_norm(r, x, call);
 

@@ -56,7 +56,8 @@ _COMPLEX = (torch.complex64, torch.complex128)  # sum and mean
 
 
 def _c10_name(dtype: torch.dtype) -> str:
-    return _C10_NAMES.get(dtype, str(dtype))
+    name = str(dtype).removeprefix("torch.")
+    return _C10_NAMES.get(dtype, name[:1].upper() + name[1:])  # float8_e4m3fn: Float8_e4m3fn
 
 
 def _check_dtype(name: str, dtype: torch.dtype) -> None:
