@@ -1,15 +1,17 @@
 // Autocast: each op gets the policy torch gives its matching aten op (aten/src/ATen/autocast_mode.cpp).
 // On CUDA:
 //   layer_norm_fwd     as aten::layer_norm: fp32 (every floating input cast to float32, a float32 result);
+//   rms_norm_fwd       as aten::rms_norm in the torch that runs: fp32 where torch casts it (its autocast lists
+//                      gained rms_norm after 2.11), else as called;
 //   sum, prod, vector_norm, the ladder
 //                      as aten::sum, prod, linalg_vector_norm: fp32_set_opt_dtype (a floating, non-double
 //                      input without dtype= reduces to float32; the ladder ops have no dtype=, so such an
 //                      input is cast to float32);
-//   mean, amax, amin, var_mean, layer_norm_bwd: in none of torch's lists, so they run as called (the
+//   mean, amax, amin, var_mean, layer_norm_bwd, rms_norm_bwd: in none of torch's lists, so they run as called (the
 //                      fallthrough that torch registers for every op).
 // On the CPU torch autocasts only prod of these (fp32: a 16-bit input is cast to float32); the others run
-// as called, and a bfloat16 activation reaches LayerNorm with float32 parameters (the mixed-precision
-// kernels take that).
+// as called, and a bfloat16 activation reaches LayerNorm or RMSNorm with float32 parameters (the
+// mixed-precision kernels take that).
 // The casts happen above autograd, as torch's do: the backward sees float32 and the cast's own backward
 // returns the input's dtype.
 #include <ATen/autocast_mode.h>
@@ -72,6 +74,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_autocast(const at:
                  at::autocast::cached_cast(at::kFloat, bias, kDevice), eps);
 }
 
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_autocast(const at::Tensor& input,
+                                                         c10::SymIntArrayRef normalized_shape,
+                                                         const std::optional<at::Tensor>& weight,
+                                                         std::optional<double> eps) {
+  static const auto op = typed_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&, std::optional<double>)>(
+      "reduce::rms_norm_fwd");
+  static const bool torch_casts = c10::Dispatcher::singleton()
+                                      .findSchemaOrThrow("aten::rms_norm", "")
+                                      .hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  if (!torch_casts) return op.call(input, normalized_shape, weight, eps);
+  return op.call(at::autocast::cached_cast(at::kFloat, input, kDevice), normalized_shape,
+                 at::autocast::cached_cast(at::kFloat, weight, kDevice), eps);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reduce, AutocastCUDA, m) {
@@ -79,6 +97,7 @@ TORCH_LIBRARY_IMPL(reduce, AutocastCUDA, m) {
   m.impl("prod", &DimsDtype::bind<Fp32SetOptDtype<Reduction::Prod, DimsDtype>>);
   m.impl("vector_norm", &OrdDimsDtype::bind<Fp32SetOptDtype<Reduction::VectorNorm, OrdDimsDtype>>);
   m.impl("layer_norm_fwd", &layer_norm_fwd_autocast);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_autocast);
 #define TORCH_REDUCE_AUTOCAST(name, variant) m.impl(#name, &ladder_autocast<Ladder::variant>);
   TORCH_REDUCE_LADDER(TORCH_REDUCE_AUTOCAST)
 #undef TORCH_REDUCE_AUTOCAST

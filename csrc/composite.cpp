@@ -17,10 +17,12 @@ std::vector<int64_t> trailing_dims(int64_t ndim, int64_t count) {
   return dims;
 }
 
-std::vector<int64_t> leading_dims(int64_t ndim, int64_t count) {
-  std::vector<int64_t> dims;
-  for (int64_t d = 0; d < ndim - count; ++d) dims.push_back(d);
-  return dims;
+// A parameter's gradient: t summed over the batch dims, those before the trailing `count` (none: the input is
+// one row; sum(dim=[]) would sum everything).
+at::Tensor column_sum(const at::Tensor& t, int64_t count, at::ScalarType type) {
+  std::vector<int64_t> batch;
+  for (int64_t d = 0; d < t.dim() - count; ++d) batch.push_back(d);
+  return (batch.empty() ? t : t.sum(batch)).to(type);
 }
 
 }  // namespace
@@ -94,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
     std::array<bool, 3> output_mask) {
   const char* op = "reduce::layer_norm_bwd";
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
-  check_layer_norm_bwd(grad_out, input, mean, rstd, s, op);
+  check_norm_bwd(grad_out, input, mean, rstd, s, op);
   const auto k = static_cast<int64_t>(normalized_shape.size());
   const auto stat_type = mean.scalar_type();
   std::vector<c10::SymInt> stat_shape(input.sym_sizes().begin(), input.sym_sizes().end() - k);
@@ -108,12 +110,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
     const auto dims = trailing_dims(input.dim(), k);
     grad_input = (r * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true))).to(input.scalar_type());
   }
-  // Column sums over the batch dims (none: the input is one row; sum(dim=[]) would sum everything).
-  const auto batch = leading_dims(input.dim(), k);
-  const auto column_sum = [&](const at::Tensor& t) { return (batch.empty() ? t : t.sum(batch)).to(s.param_type); };
-  if (output_mask[1] && defined(weight)) grad_weight = column_sum(dy * xhat);
-  if (output_mask[2] && defined(bias)) grad_bias = column_sum(dy);
+  if (output_mask[1] && defined(weight)) grad_weight = column_sum(dy * xhat, k, s.param_type);
+  if (output_mask[2] && defined(bias)) grad_bias = column_sum(dy, k, s.param_type);
   return {grad_input, grad_weight, grad_bias};
+}
+
+at::Tensor rms_norm_rstd(const at::Tensor& input, int64_t normalized_dims, double eps) {
+  const at::Tensor x = input.to(stat_scalar_type(input.scalar_type()));
+  return (x * x).mean(trailing_dims(x.dim(), normalized_dims), /*keepdim=*/true).add(eps).rsqrt();
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+                                                const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+  const char* op = "reduce::rms_norm_fwd";
+  layer_norm_shape(input, normalized_shape, weight, std::nullopt, op);
+  const double e = norm_eps<RowNorm::Rms>(eps, input.scalar_type(), op);
+  const at::Tensor rstd = rms_norm_rstd(input, static_cast<int64_t>(normalized_shape.size()), e);
+  at::Tensor y = input.to(rstd.scalar_type()) * rstd;
+  if (defined(weight)) y = y * *weight;
+  return {y.to(input.scalar_type()), rstd.detach()};
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * weight, xhat = x * rstd (rstd differentiable when it is a
+// function of x); dw = column sums of dy * xhat.
+std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input,
+                                                c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
+                                                const std::optional<at::Tensor>& weight,
+                                                std::array<bool, 2> output_mask) {
+  const char* op = "reduce::rms_norm_bwd";
+  const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, std::nullopt, op);
+  check_norm_bwd(grad_out, input, at::Tensor(), rstd, s, op);
+  const auto k = static_cast<int64_t>(normalized_shape.size());
+  const auto stat_type = rstd.scalar_type();
+  std::vector<c10::SymInt> stat_shape(input.sym_sizes().begin(), input.sym_sizes().end() - k);
+  stat_shape.resize(input.dim(), 1);
+  const at::Tensor r = rstd.reshape_symint(stat_shape);
+  const at::Tensor dy = grad_out.to(stat_type);
+  const at::Tensor xhat = input.to(stat_type) * r;
+  at::Tensor grad_input = not_requested(input), grad_weight = not_requested(input);
+  if (output_mask[0]) {
+    const at::Tensor g = defined(weight) ? dy * *weight : dy;
+    grad_input = (r * (g - xhat * (g * xhat).mean(trailing_dims(input.dim(), k), true))).to(input.scalar_type());
+  }
+  if (output_mask[1] && defined(weight)) grad_weight = column_sum(dy * xhat, k, s.param_type);
+  return {grad_input, grad_weight};
 }
 
 }  // namespace torch_reduce::composite

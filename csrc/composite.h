@@ -34,4 +34,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
     const at::Tensor& rstd, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     std::array<bool, 3> output_mask);
 
+// RMSNorm's 1/sqrt(mean(x^2) + eps) as a differentiable function of the input, kept as size-1 dims, in the
+// statistics' dtype.
+at::Tensor rms_norm_rstd(const at::Tensor& input, int64_t normalized_dims, double eps);
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+                                                const std::optional<at::Tensor>& weight, std::optional<double> eps);
+std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input,
+                                                c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
+                                                const std::optional<at::Tensor>& weight,
+                                                std::array<bool, 2> output_mask);
+
 }  // namespace torch_reduce::composite

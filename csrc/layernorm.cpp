@@ -94,18 +94,23 @@ LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef nor
   return s;
 }
 
-void check_layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
-                          const at::Tensor& rstd, const LayerNormShape& s, const char* op) {
+void check_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+                    const at::Tensor& rstd, const LayerNormShape& s, const char* op) {
   check_device(grad_out, "grad_out", input, op);
-  check_device(mean, "mean", input, op);
+  if (mean.defined()) check_device(mean, "mean", input, op);
   check_device(rstd, "rstd", input, op);
   TORCH_CHECK(grad_out.sizes().equals(input.sizes()) && grad_out.scalar_type() == input.scalar_type(), op,
               ": grad_out must have the input's shape ", input.sizes(), " and dtype ", input.scalar_type(), ", got ",
               grad_out.sizes(), " and ", grad_out.scalar_type());
   const auto stat_type = stat_scalar_type(input.scalar_type());
-  TORCH_CHECK(mean.numel() == s.rows && rstd.numel() == s.rows && mean.scalar_type() == stat_type &&
-                  rstd.scalar_type() == stat_type,
-              op, ": mean and rstd must be layer_norm_fwd's (", s.rows, " elements of ", stat_type, ")");
+  if (mean.defined()) {
+    TORCH_CHECK(mean.numel() == s.rows && rstd.numel() == s.rows && mean.scalar_type() == stat_type &&
+                    rstd.scalar_type() == stat_type,
+                op, ": mean and rstd must be layer_norm_fwd's (", s.rows, " elements of ", stat_type, ")");
+  } else {
+    TORCH_CHECK(rstd.numel() == s.rows && rstd.scalar_type() == stat_type, op, ": rstd must be rms_norm_fwd's (",
+                s.rows, " elements of ", stat_type, ")");
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_grads(const at::Tensor& input,

@@ -1,10 +1,11 @@
 #pragma once
-// var_mean and LayerNorm: argument checks and shapes shared by the CPU and CUDA kernels. Both reduce rows
-// of a contiguous (rows, cols) matrix: var_mean moves the reduced dims last, LayerNorm flattens
+// var_mean, LayerNorm and RMSNorm: argument checks and shapes shared by the CPU and CUDA kernels. All reduce
+// rows of a contiguous (rows, cols) matrix: var_mean moves the reduced dims last, the norms flatten
 // normalized_shape into cols.
 #include <ATen/ATen.h>
 
 #include <array>
+#include <limits>
 #include <optional>
 
 namespace torch_reduce {
@@ -23,6 +24,20 @@ VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef
 double correction_value(const std::optional<at::Scalar>& correction);
 void check_var_mean_dtype(const at::Tensor& input, const char* op);
 
+// The normalization a row kernel computes (one template for both, as their loops are the same):
+//   Layer: y = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps)    (F.layer_norm)
+//   Rms:   y = x * rstd * weight,                  rstd = 1 / sqrt(mean(x^2) + eps) (F.rms_norm: no mean, no bias)
+enum class RowNorm { Layer, Rms };
+
+// The ops' names, as their errors say them.
+template <RowNorm kNorm>
+constexpr const char* kForwardName = kNorm == RowNorm::Layer ? "reduce::layer_norm_fwd" : "reduce::rms_norm_fwd";
+template <RowNorm kNorm>
+constexpr const char* kBackwardName = kNorm == RowNorm::Layer ? "reduce::layer_norm_bwd" : "reduce::rms_norm_bwd";
+
+// Column sums the backward keeps per normalized element: weight's and bias's (LayerNorm), weight's (RMSNorm).
+constexpr int param_sums(RowNorm norm) { return norm == RowNorm::Layer ? 2 : 1; }
+
 struct LayerNormShape {
   int64_t rows, cols;
   std::vector<int64_t> stat_shape;  // mean/rstd: the batch dims, then a 1 per normalized dim (as torch)
@@ -37,9 +52,21 @@ LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef nor
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                 const char* op);
 void check_eps(double eps, const char* op);
-// layer_norm_bwd's checks beyond layer_norm_shape: grad_out like the input; mean and rstd layer_norm_fwd's.
-void check_layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
-                          const at::Tensor& rstd, const LayerNormShape& s, const char* op);
+// The eps a norm uses, checked: LayerNorm's as given; RMSNorm's as given, or for None (F.rms_norm's default)
+// the machine epsilon of the accumulate type (float32's for 16-bit inputs).
+template <RowNorm kNorm>
+double norm_eps(std::optional<double> eps, at::ScalarType input_type, const char* op) {
+  if (kNorm == RowNorm::Rms && !eps.has_value()) {
+    return input_type == at::kDouble ? std::numeric_limits<double>::epsilon() : std::numeric_limits<float>::epsilon();
+  }
+  TORCH_CHECK(eps.has_value(), op, ": eps is required");
+  check_eps(*eps, op);
+  return *eps;
+}
+// The backward's checks beyond layer_norm_shape: grad_out like the input; mean (LayerNorm; undefined for
+// RMSNorm) and rstd the forward's.
+void check_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+                    const at::Tensor& rstd, const LayerNormShape& s, const char* op);
 // layer_norm_bwd's results, allocated: each requested gradient dense, weight's and bias's in the parameters'
 // dtype; an empty tensor for the others (output_mask false, or no weight/bias).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_grads(const at::Tensor& input,

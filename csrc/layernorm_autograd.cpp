@@ -1,4 +1,4 @@
-// Autograd for var_mean and the fused LayerNorm, in C++ like the sums' (csrc/dim_reduce_autograd.cpp):
+// Autograd for var_mean and the fused LayerNorm and RMSNorm, in C++ like the sums' (csrc/dim_reduce_autograd.cpp):
 // a Python autograd kernel costs microseconds on every call, most of a small LayerNorm's time.
 //   var_mean:       d var/dx = 2 (x - mean) / (N - correction), d mean/dx = 1 / N (N: elements per output),
 //                   in differentiable ops (double backward through the saved mean, an output of the node),
@@ -8,7 +8,8 @@
 //   layer_norm_bwd: our kernel when its result is not differentiated (an ordinary backward); the composite
 //                   formula when it is (create_graph=True, or a direct call on inputs that require grad).
 //                   For a double backward through layer_norm_fwd, its backward passes mean and rstd
-//                   recomputed as differentiable functions of the input.
+//                   recomputed as differentiable functions of the input;
+//   rms_norm_fwd/bwd: the same, with rstd alone.
 // Transforms and forward-mode AD take the composite path (composite.h).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -56,6 +57,34 @@ const c10::TypedOperatorHandle<LayerNormBwdSignature>& layer_norm_bwd_op() {
                              .typed<LayerNormBwdSignature>();
   return op;
 }
+
+using RmsNormBwdSignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                c10::SymIntArrayRef, const at::Tensor&,
+                                                                const Optional&, std::array<bool, 2>);
+
+const c10::TypedOperatorHandle<RmsNormBwdSignature>& rms_norm_bwd_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("reduce::rms_norm_bwd", "").typed<RmsNormBwdSignature>();
+  return op;
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_below_autograd(const at::Tensor& input,
+                                                                c10::SymIntArrayRef normalized_shape,
+                                                                const Optional& weight, std::optional<double> eps) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("reduce::rms_norm_fwd", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, c10::SymIntArrayRef,
+                                                                       const Optional&, std::optional<double>)>();
+  return call_below_autograd(op, input, normalized_shape, weight, eps);
+}
+
+std::vector<c10::SymInt> saved_normalized_shape(AutogradContext* ctx) {
+  std::vector<c10::SymInt> shape;
+  for (const auto& size : ctx->saved_data["normalized_shape"].toList()) shape.push_back(size.get().toSymInt());
+  return shape;
+}
+
+Optional optional(const at::Tensor& t) { return t.defined() ? Optional(t) : std::nullopt; }
 
 struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, at::OptionalIntArrayRef dim,
@@ -123,19 +152,45 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const size_t weight_edge = 1, bias_edge = weight.defined() ? 2 : 1;
     const std::array<bool, 3> mask = {ctx->needs_input_grad(0), weight.defined() && ctx->needs_input_grad(weight_edge),
                                       bias.defined() && ctx->needs_input_grad(bias_edge)};
-    std::vector<c10::SymInt> normalized_shape;
-    for (const auto& size : ctx->saved_data["normalized_shape"].toList())
-      normalized_shape.push_back(size.get().toSymInt());
+    const std::vector<c10::SymInt> normalized_shape = saved_normalized_shape(ctx);
     if (at::GradMode::is_enabled()) {
       // create_graph=True: the gradient will be differentiated, and it depends on x through mean and rstd too.
       std::tie(mean, rstd) = composite::layer_norm_stats(input, static_cast<int64_t>(normalized_shape.size()),
                                                          ctx->saved_data["eps"].toDouble());
     }
-    const auto optional = [](const at::Tensor& t) { return t.defined() ? Optional(t) : std::nullopt; };
     auto [grad_input, grad_weight, grad_bias] = layer_norm_bwd_op().call(
         grads[0].contiguous(), input, normalized_shape, mean, rstd, optional(weight), optional(bias), mask);
     return {mask[0] ? grad_input : at::Tensor(), at::Tensor(), mask[1] ? grad_weight : at::Tensor(),
             mask[2] ? grad_bias : at::Tensor(), at::Tensor()};
+  }
+};
+
+struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+                               const Optional& weight, std::optional<double> eps) {
+    auto [out, rstd] = rms_norm_fwd_below_autograd(input, normalized_shape, weight, eps);
+    ctx->saved_data["normalized_shape"] = normalized_shape;
+    ctx->saved_data["eps"] = norm_eps<RowNorm::Rms>(eps, input.scalar_type(), "reduce::rms_norm_fwd");
+    ctx->save_for_backward({input, rstd, weight.value_or(at::Tensor())});
+    ctx->mark_non_differentiable({rstd});
+    ctx->set_materialize_grads(false);
+    return {out, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &input = saved[0], &weight = saved[2];
+    at::Tensor rstd = saved[1];
+    const std::array<bool, 2> mask = {ctx->needs_input_grad(0), weight.defined() && ctx->needs_input_grad(1)};
+    const std::vector<c10::SymInt> normalized_shape = saved_normalized_shape(ctx);
+    if (at::GradMode::is_enabled()) {  // create_graph=True: rstd as a function of x (see LayerNormFunction)
+      rstd = composite::rms_norm_rstd(input, static_cast<int64_t>(normalized_shape.size()),
+                                      ctx->saved_data["eps"].toDouble());
+    }
+    auto [grad_input, grad_weight] =
+        rms_norm_bwd_op().call(grads[0].contiguous(), input, normalized_shape, rstd, optional(weight), mask);
+    return {mask[0] ? grad_input : at::Tensor(), at::Tensor(), mask[1] ? grad_weight : at::Tensor(), at::Tensor()};
   }
 };
 
@@ -168,9 +223,29 @@ Tensor3 layer_norm_bwd_autograd(const at::Tensor& grad_out, const at::Tensor& in
                              output_mask);
 }
 
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_autograd(const at::Tensor& input,
+                                                         c10::SymIntArrayRef normalized_shape, const Optional& weight,
+                                                         std::optional<double> eps) {
+  if (needs_composite(input, weight)) return composite::rms_norm_fwd(input, normalized_shape, weight, eps);
+  if (!records_grad(input, weight)) return rms_norm_fwd_below_autograd(input, normalized_shape, weight, eps);
+  const variable_list out = RmsNormFunction::apply(input, normalized_shape, weight, eps);
+  return {out[0], out[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_autograd(const at::Tensor& grad_out, const at::Tensor& input,
+                                                         c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
+                                                         const Optional& weight, std::array<bool, 2> output_mask) {
+  if (needs_composite(grad_out, input, rstd, weight) || records_grad(grad_out, input, rstd, weight)) {
+    return composite::rms_norm_bwd(grad_out, input, normalized_shape, rstd, weight, output_mask);
+  }
+  return call_below_autograd(rms_norm_bwd_op(), grad_out, input, normalized_shape, rstd, weight, output_mask);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reduce, Autograd, m) {
+  m.impl("rms_norm_fwd", &rms_norm_fwd_autograd);
+  m.impl("rms_norm_bwd", &rms_norm_bwd_autograd);
   m.impl("var_mean", &var_mean_autograd);
   m.impl("layer_norm_fwd", &layer_norm_fwd_autograd);
   m.impl("layer_norm_bwd", &layer_norm_bwd_autograd);

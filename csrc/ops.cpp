@@ -30,4 +30,10 @@ TORCH_LIBRARY(reduce, m) {
         "-> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_bwd(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, "
         "Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // RMSNorm (F.rms_norm) over the trailing normalized_shape dims: out and per-row 1/sqrt(mean(x^2) + eps), in
+  // the statistics' dtype as LayerNorm's; eps None is the accumulate type's machine epsilon, as torch's.
+  // rms_norm_bwd returns (grad_input, grad_weight), empty where not in output_mask or without a weight.
+  m.def("rms_norm_fwd(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor)");
+  m.def("rms_norm_bwd(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, "
+        "bool[2] output_mask) -> (Tensor, Tensor)");
 }

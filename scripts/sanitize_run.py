@@ -33,7 +33,7 @@ for name in ("sum", "mean", "amax", "amin", "prod", "vector_norm"):
     call(apart, (0, 2, 3))
     call(apart.contiguous(memory_format=torch.channels_last), (1, 2))
     call(apart.bfloat16(), (0, 2))
-# LayerNorm and var_mean: one shape per row layout of each kernel (warp rows, blocks of 128/256/512, the
+# LayerNorm, RMSNorm and var_mean: one shape per row layout of each kernel (warp rows, blocks of 128/256/512, the
 # backward's wide rows, streaming rows with shared-memory or global column sums), mixed-precision parameters,
 # and a misaligned view.
 for hidden, dtype, param_dtype in [(768, torch.float32, None), (1001, torch.float32, None),
@@ -45,6 +45,7 @@ for hidden, dtype, param_dtype in [(768, torch.float32, None), (1001, torch.floa
     w = torch.randn(hidden, device="cuda", dtype=param_dtype or dtype, requires_grad=True)
     b = torch.randn(hidden, device="cuda", dtype=param_dtype or dtype, requires_grad=True)
     torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()
+    torch_reduce.rms_norm(z, (hidden,), w).sum().backward()
     torch_reduce.var_mean(z.detach(), -1)
 shifted = torch.randn(7 * 2048 + 1, device="cuda")[1:].view(7, 2048).requires_grad_()
 torch_reduce.layer_norm(shifted, (2048,), torch.ones(2048, device="cuda", requires_grad=True)).sum().backward()

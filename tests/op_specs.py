@@ -154,6 +154,22 @@ def layer_norm_samples(device, dtype, requires_grad):
     yield (t((3, 257)), (257,), weight((257,)), t((257,))), {}
 
 
+def rms_norm_samples(device, dtype, requires_grad):
+    t = lambda shape, layout="contiguous": make(shape, device, dtype, requires_grad, layout)  # noqa: E731
+
+    def weight(shape, layout="contiguous"):
+        w = make(shape, device, dtype, False, layout)
+        return w.mul_(0.3).add_(1).requires_grad_(requires_grad)
+
+    yield (t((4, 7)), (7,), weight((7,))), {}
+    yield (t((2, 3, 5)), (3, 5), weight((3, 5))), {"eps": 1e-5}
+    yield (t((3, 6)), [6]), {}
+    yield (t((5,)), (5,), weight((5,))), {"eps": 1e-3}
+    yield (t((4, 7), "transposed"), (7,), weight((7,), "stepped")), {}
+    yield (t((4, 6), "expanded"), (6,), weight((6,))), {}
+    yield (t((3, 257)), (257,), weight((257,))), {}
+
+
 def describe(args, kwargs) -> str:
     """A sample in one line: tensors as dtype[shape] (with 'view' when non-contiguous), the rest as given."""
     def one(a):
@@ -269,6 +285,21 @@ def layer_norm_reference_inputs(device, dtype, requires_grad):
     yield (t((40, 65), "stepped"), (65,), weight((65,)), t((65,))), {}
 
 
+def rms_norm_reference_inputs(device, dtype, requires_grad):
+    t = lambda shape, layout="contiguous": make(shape, device, dtype, requires_grad, layout)  # noqa: E731
+
+    def weight(shape, layout="contiguous"):
+        w = make(shape, device, dtype, False, layout)
+        return w.mul_(0.3).add_(1).requires_grad_(requires_grad)
+
+    yield (t((0, 6)), (6,), weight((6,))), {}
+    yield (t((7, 64), "offset"), (64,), weight((64,), "offset")), {}
+    yield (t((7, 2048), "offset"), (2048,), weight((2048,))), {}
+    yield (t((3, 1)), (1,), weight((1,))), {}  # one element a row: the output is sign(x) * weight
+    yield (t((5, 2, 3), "transposed"), (3,)), {}
+    yield (t((40, 65), "stepped"), (65,), weight((65,))), {}
+
+
 def prod_reference_inputs(device, dtype, requires_grad):
     t = lambda shape, layout="contiguous": make_near_one(shape, device, dtype, requires_grad, layout)  # noqa: E731
     yield (t((0, 3)), 0), {}
@@ -359,6 +390,20 @@ def layer_norm_error_inputs(device):
                      "expected a float32", ours_only=True)
 
 
+def rms_norm_error_inputs(device):
+    x, w = torch.randn(4, 6, device=device), torch.ones(6, device=device)
+    ours_message = dict(error=RuntimeError, ours_message=True)
+    yield ErrorInput((x, (5,)), {}, match="does not match the input's trailing dims", **ours_message)
+    # torch raises ValueError ("Input tensor must have at least 3 dimensions"); ours as for any other mismatch.
+    yield ErrorInput((x, (2, 4, 6)), {}, RuntimeError, "does not match the input's trailing dims", ours_only=True)
+    yield ErrorInput((x, (6,), torch.ones(5, device=device)), {}, match="weight must have shape", **ours_message)
+    yield ErrorInput((x, (6,), w.double()), {}, RuntimeError, "weight must have the input's dtype", ours_only=True)
+    yield ErrorInput((x, (6,)), {"eps": -1.0}, RuntimeError, "eps must be non-negative", ours_only=True)
+    # torch raises NotImplementedError for integers.
+    yield ErrorInput((torch.ones(4, 6, dtype=torch.int32, device=device), (6,)), {}, RuntimeError,
+                     "expected a float32", ours_only=True)
+
+
 def like_torch_error_inputs(name):
     """Errors with torch's own type and first line of message (match=None)."""
     def errors(device):
@@ -440,6 +485,12 @@ def layer_norm_multi_block_inputs(device):
         yield (x, (width,), weight, torch.randn(width, device=device).to(dtype)), {}
 
 
+def rms_norm_multi_block_inputs(device):
+    for rows, width, dtype in LAYER_NORM_MULTI_BLOCK:
+        x = torch.randn(rows, width, device=device).to(dtype)
+        yield (x, (width,), torch.randn(width, device=device).mul_(0.3).add_(1).to(dtype)), {}
+
+
 def large_inputs(name):
     """More than 2^31 elements: int8 where the result is exact (sums, extremes, products of +-1), 16-bit floats
     otherwise; rows whose elements lie past 2^31 need 64-bit offsets."""
@@ -456,9 +507,9 @@ def large_inputs(name):
             yield ((x,) if name == "prod" else (x, None if name == "sum" else ())), {}
             return
         rows, width = 2**21 + 1, 1024  # 2^31 + 1024 elements
-        dtype = torch.bfloat16 if name == "layer_norm" else torch.float16
+        dtype = torch.bfloat16 if name in ("layer_norm", "rms_norm") else torch.float16
         x = torch.empty(rows, width, device=device, dtype=dtype).normal_()
-        if name == "layer_norm":
+        if name in ("layer_norm", "rms_norm"):
             yield (x, (width,), torch.randn(width, device=device, dtype=dtype)), {}
         elif name == "vector_norm":
             yield (x, 2, -1), {}
@@ -500,6 +551,8 @@ SPECS: list[OpSpec] = [_ladder_spec(v) for v in torch_reduce.LADDER] + [
            var_mean_error_inputs, var_mean_multi_block_inputs, large_inputs("var_mean")),
     OpSpec("layer_norm", torch_reduce.layer_norm, F.layer_norm, layer_norm_samples, layer_norm_reference_inputs,
            layer_norm_error_inputs, layer_norm_multi_block_inputs, large_inputs("layer_norm")),
+    OpSpec("rms_norm", torch_reduce.rms_norm, F.rms_norm, rms_norm_samples, rms_norm_reference_inputs,
+           rms_norm_error_inputs, rms_norm_multi_block_inputs, large_inputs("rms_norm")),
     OpSpec("prod", torch_reduce.prod, _torch_prod, prod_samples, prod_reference_inputs,
            like_torch_error_inputs("prod"), reduction_multi_block_inputs("prod"), large_inputs("prod")),
     OpSpec("vector_norm", torch_reduce.vector_norm, torch.linalg.vector_norm, vector_norm_samples,

@@ -493,7 +493,7 @@ def test_layer_norm_rejected_dtype_mixes(device, x_dtype, param_dtype):
 # -------------------------------------------------------------------------------------- fake kernels ----
 
 def _bad_layer_norm_calls():
-    """Calls of the registered LayerNorm ops that the CPU kernels reject: (name, op, args)."""
+    """Calls of the registered LayerNorm and RMSNorm ops that the CPU kernels reject: (name, op, args)."""
     fwd, bwd = torch.ops.reduce.layer_norm_fwd.default, torch.ops.reduce.layer_norm_bwd.default
     x, w = torch.randn(4, 6), torch.ones(6)
     _, mean, rstd = fwd(x, [6], None, None, 1e-5)
@@ -510,6 +510,24 @@ def _bad_layer_norm_calls():
         ("backward: mean/rstd shape", bwd, (dy, x, [6], mean[:2], rstd[:2], w, None, mask)),
         ("backward: normalized_shape", bwd, (dy, x, [5], mean, rstd, w, None, mask)),
         ("backward: weight shape", bwd, (dy, x, [6], mean, rstd, torch.ones(5), None, mask)),
+    ] + _bad_rms_norm_calls()
+
+
+def _bad_rms_norm_calls():
+    fwd, bwd = torch.ops.reduce.rms_norm_fwd.default, torch.ops.reduce.rms_norm_bwd.default
+    x, w = torch.randn(4, 6), torch.ones(6)
+    _, rstd = fwd(x, [6], None, None)
+    dy, mask = torch.randn(4, 6), [True, True]
+    return [
+        ("rms: normalized_shape not the trailing dims", fwd, (x, [5], None, None)),
+        ("rms: weight shape", fwd, (x, [6], torch.ones(5), None)),
+        ("rms: weight dtype (float32 input, bfloat16 weight)", fwd, (x, [6], w.bfloat16(), None)),
+        ("rms: negative eps", fwd, (x, [6], w, -1.0)),
+        ("rms: integer input", fwd, (x.int(), [6], None, None)),
+        ("rms backward: grad_out dtype", bwd, (dy.double(), x, [6], rstd, w, mask)),
+        ("rms backward: rstd shape", bwd, (dy, x, [6], rstd[:2], w, mask)),
+        ("rms backward: rstd dtype", bwd, (dy, x, [6], rstd.double(), w, mask)),
+        ("rms backward: weight shape", bwd, (dy, x, [6], rstd, torch.ones(5), mask)),
     ]
 
 

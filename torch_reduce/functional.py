@@ -1,4 +1,4 @@
-"""var_mean and layer_norm with torch's signatures, on torch.ops.reduce (differentiable, torch.compile-able)."""
+"""var_mean, layer_norm and rms_norm with torch's signatures, on torch.ops.reduce (differentiable, torch.compile-able)."""
 from __future__ import annotations
 
 from numbers import Number
@@ -40,3 +40,12 @@ def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     their gradients are float32."""
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     return torch.ops.reduce.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]
+
+
+def rms_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[torch.Tensor] = None,
+             eps: Optional[float] = None) -> torch.Tensor:
+    """F.rms_norm: x / sqrt(mean(x^2) + eps) over the trailing ``normalized_shape`` dims, times weight. eps None
+    is the machine epsilon of float32 (float64 for a float64 input), as torch's. weight may be float32 beside a
+    float16/bfloat16 input (mixed precision): the output keeps the input's dtype, weight's gradient is float32."""
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    return torch.ops.reduce.rms_norm_fwd.default(input, shape, weight, eps)[0]

@@ -1,9 +1,9 @@
-"""torch.nn.LayerNorm on the fused kernels, and a converter for whole models."""
+"""torch.nn.LayerNorm and torch.nn.RMSNorm on the fused kernels, and converters for whole models."""
 from __future__ import annotations
 
 import torch
 
-from .functional import layer_norm
+from .functional import layer_norm, rms_norm
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -14,23 +14,73 @@ class LayerNorm(torch.nn.LayerNorm):
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
+class RMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm with torch_reduce's kernels: the same constructor, parameters, state_dict keys,
+    reset_parameters and repr (it is a subclass)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+
+def _transformers_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The forward of transformers' RMSNorm modules (LlamaRMSNorm and its copies): normalize in float32, cast
+    back to the input's dtype, then multiply by the weight, so the result has promote(weight, input)'s dtype.
+    That is one fused call where weight and input share a dtype; else the normalization is fused and the
+    product is torch's, as there. Autocast does not touch their forward (no op in it casts), so it is off
+    for ours too."""
+    weight = self.weight
+    shape = hidden_states.shape[-1:]
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        if weight.dtype == hidden_states.dtype:
+            return rms_norm(hidden_states, shape, weight, self.variance_epsilon)
+        return weight * rms_norm(hidden_states, shape, None, self.variance_epsilon)
+
+
 _CONVERTED_SUBCLASSES: dict[type, type] = {}
 
 
-def _converted_class(cls: type) -> type | None:
-    """The class a module of class ``cls`` becomes, or None when it stays as it is: torch.nn.LayerNorm becomes
-    our LayerNorm; a subclass that keeps nn.LayerNorm's forward becomes a subclass of it with our forward (its
-    own methods and isinstance kept); a subclass with a forward of its own is left alone, since we cannot know
-    what that forward means (e.g. CLIP's LayerNorm that computes in float32 and casts back)."""
-    if cls is torch.nn.LayerNorm:
-        return LayerNorm
-    if not issubclass(cls, torch.nn.LayerNorm) or cls.forward is not torch.nn.LayerNorm.forward:
-        return None
+def _subclass_with_forward(cls: type, forward) -> type:
+    """A subclass of ``cls`` that differs in its forward alone (its methods, name and isinstance kept)."""
     if cls not in _CONVERTED_SUBCLASSES:
-        _CONVERTED_SUBCLASSES[cls] = type(cls.__name__, (cls,), {"forward": LayerNorm.forward,
-                                                                  "__module__": cls.__module__,
+        _CONVERTED_SUBCLASSES[cls] = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
                                                                   "__qualname__": cls.__qualname__})
     return _CONVERTED_SUBCLASSES[cls]
+
+
+def _converted_class(cls: type, torch_class: type, ours: type) -> type | None:
+    """The class a module of class ``cls`` becomes, or None when it stays as it is: ``torch_class`` becomes
+    ``ours``; a subclass that keeps torch's forward becomes a subclass of it with our forward; a subclass with a
+    forward of its own is left alone, since we cannot know what that forward means (e.g. CLIP's LayerNorm
+    that computes in float32 and casts back)."""
+    if cls is torch_class:
+        return ours
+    if not issubclass(cls, torch_class) or cls.forward is not torch_class.forward or issubclass(cls, ours):
+        return None
+    return _subclass_with_forward(cls, ours.forward)
+
+
+def _is_transformers_rms_norm(module: torch.nn.Module) -> bool:
+    """A module written like transformers' LlamaRMSNorm: a class named ...RMSNorm with one 1-dim parameter,
+    ``weight``, a float ``variance_epsilon``, no children, and a forward that computes what
+    _transformers_rms_norm_forward computes (checked on a few rows in the weight's dtype and in float32, so
+    that a look-alike with another formula, such as Gemma's (1 + weight), is left alone)."""
+    cls = type(module)
+    params = dict(module.named_parameters(recurse=False))
+    if not (cls.__name__.endswith("RMSNorm") and list(params) == ["weight"] and params["weight"].dim() == 1
+            and isinstance(getattr(module, "variance_epsilon", None), float) and not list(module.children())
+            and cls.forward is not _transformers_rms_norm_forward):
+        return False
+    weight = params["weight"]
+    if weight.device.type == "meta":
+        return False
+    with torch.no_grad(), torch.autocast(weight.device.type, enabled=False):
+        for dtype in dict.fromkeys((weight.dtype, torch.float32)):
+            x = torch.randn(3, weight.numel(), device=weight.device, dtype=dtype)
+            theirs = cls.forward(module, x)  # not module(x): its hooks are not for this probe
+            ours = _transformers_rms_norm_forward(module, x)
+            if theirs.dtype != ours.dtype or not torch.allclose(theirs.float(), ours.float(), rtol=2e-2, atol=1e-2):
+                return False
+    return True
 
 
 def convert_layernorm(module: torch.nn.Module) -> torch.nn.Module:
@@ -42,7 +92,25 @@ def convert_layernorm(module: torch.nn.Module) -> torch.nn.Module:
     own are left alone (see ``_converted_class``).
     """
     for child in module.modules():
-        cls = _converted_class(type(child))
+        cls = _converted_class(type(child), torch.nn.LayerNorm, LayerNorm)
         if cls is not None:
             child.__class__ = cls
+    return module
+
+
+def convert_norms(module: torch.nn.Module) -> torch.nn.Module:
+    """Switch every norm inside ``module`` (``module`` itself included) to torch_reduce's kernels, in place, and
+    return ``module``: torch.nn.LayerNorm and torch.nn.RMSNorm (and their subclasses that keep torch's forward),
+    and RMSNorm modules written the way transformers writes them (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, ...:
+    a ``weight`` and a ``variance_epsilon``; see ``_is_transformers_rms_norm``). As convert_layernorm, each module
+    keeps its identity, Parameter objects, hooks and attributes; only its class changes.
+    """
+    for child in module.modules():
+        cls = type(child)
+        converted = (_converted_class(cls, torch.nn.LayerNorm, LayerNorm)
+                     or _converted_class(cls, torch.nn.RMSNorm, RMSNorm))
+        if converted is None and _is_transformers_rms_norm(child):
+            converted = _subclass_with_forward(cls, _transformers_rms_norm_forward)
+        if converted is not None:
+            child.__class__ = converted
     return module

@@ -304,3 +304,35 @@ def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, 
 
     return (grad_like(output_mask[0], input, input.dtype), grad_like(output_mask[1], weight, param_dtype),
             grad_like(output_mask[2], bias, param_dtype))
+
+
+# ------------------------------------------------------------------------------------------------- RMSNorm ----
+# The same checks as LayerNorm's (layer_norm_shape without a bias, check_norm_bwd without a mean).
+
+@torch.library.register_fake("reduce::rms_norm_fwd")
+def _rms_norm_fwd_fake(input, normalized_shape, weight, eps=None):
+    _layer_norm_param_dtype("reduce::rms_norm_fwd", input, normalized_shape, weight, None)
+    if eps is not None and eps < 0:
+        raise RuntimeError(f"reduce::rms_norm_fwd: eps must be non-negative, got {eps}")
+    axis = input.dim() - len(normalized_shape)
+    stat_shape = list(input.shape[:axis]) + [1] * len(normalized_shape)
+    return input.new_empty(input.shape), input.new_empty(stat_shape, dtype=_stat_dtype(input.dtype))
+
+
+@torch.library.register_fake("reduce::rms_norm_bwd")
+def _rms_norm_bwd_fake(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    op = "reduce::rms_norm_bwd"
+    param_dtype = _layer_norm_param_dtype(op, input, normalized_shape, weight, None)
+    for name, t in (("grad_out", grad_out), ("rstd", rstd)):
+        _check_device(op, name, t, input)
+    if grad_out.shape != input.shape or grad_out.dtype != input.dtype:
+        raise RuntimeError(f"{op}: grad_out must have the input's shape {list(input.shape)} and dtype {input.dtype}, "
+                           f"got {list(grad_out.shape)} and {grad_out.dtype}")
+    rows = math.prod(input.shape[:input.dim() - len(normalized_shape)])
+    stat_dtype = _stat_dtype(input.dtype)
+    if rstd.numel() != rows or rstd.dtype != stat_dtype:
+        raise RuntimeError(f"{op}: rstd must be rms_norm_fwd's ({rows} elements of {stat_dtype})")
+    grad_input = input.new_empty(input.shape) if output_mask[0] else input.new_empty((0,))
+    grad_weight = input.new_empty(weight.shape, dtype=param_dtype) if output_mask[1] and weight is not None \
+        else input.new_empty((0,))
+    return grad_input, grad_weight

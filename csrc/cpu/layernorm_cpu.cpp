@@ -1,4 +1,4 @@
-// var_mean and LayerNorm on the CPU: rows in parallel, statistics in double (two passes over the row, or
+// var_mean, LayerNorm and RMSNorm on the CPU: rows in parallel, statistics in double (two passes over the row, or
 // Welford-combined chunks of a long row), so they serve as a reference for every dtype.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -72,37 +72,56 @@ at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
   return defined(t) ? t->contiguous() : at::Tensor();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tensor& input,
-                                                                  c10::SymIntArrayRef normalized_shape,
-                                                                  const std::optional<at::Tensor>& weight,
-                                                                  const std::optional<at::Tensor>& bias, double eps) {
-  const char* op = "reduce::layer_norm_fwd";
-  TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ", input.device());
+// Squares summed in double, one pass (RMSNorm's statistic).
+template <typename scalar_t>
+double run_sum_squares(const scalar_t* x, int64_t n) {
+  double squares = 0;
+  for (int64_t i = 0; i < n; ++i) squares += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return squares;
+}
+
+// The forward of either norm (csrc/layernorm.h, RowNorm): mean undefined for RMSNorm.
+template <RowNorm kNorm>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_fwd(const at::Tensor& input,
+                                                            c10::SymIntArrayRef normalized_shape,
+                                                            const std::optional<at::Tensor>& weight,
+                                                            const std::optional<at::Tensor>& bias,
+                                                            std::optional<double> eps_arg) {
+  constexpr const char* op = kForwardName<kNorm>;
+  TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ",
+              input.device());
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
-  check_eps(eps, op);
+  const double eps = norm_eps<kNorm>(eps_arg, input.scalar_type(), op);
   const at::Tensor x = input.contiguous(), w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
   at::Tensor out = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
   const auto stat_options = input.options().dtype(stat_scalar_type(input.scalar_type()));
-  at::Tensor mean = at::empty(s.stat_shape, stat_options), rstd = at::empty(s.stat_shape, stat_options);
+  at::Tensor rstd = at::empty(s.stat_shape, stat_options);
+  at::Tensor mean = kNorm == RowNorm::Layer ? at::empty(s.stat_shape, stat_options) : at::Tensor();
   const int64_t cols = s.cols;
-  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), "reduce::layer_norm_fwd", [&] {
+  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
     with_param_type<scalar_t>(s.param_type, [&](auto param) {
       using param_t = decltype(param);
       using stat_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
       const param_t *wp = data_or_null<param_t>(w), *bp = data_or_null<param_t>(b);
       scalar_t* yp = out.mutable_data_ptr<scalar_t>();
-      stat_t* mp = mean.mutable_data_ptr<stat_t>();
+      stat_t* mp = mean.defined() ? mean.mutable_data_ptr<stat_t>() : nullptr;
       stat_t* rp = rstd.mutable_data_ptr<stat_t>();
       at::parallel_for(0, s.rows, 1, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const scalar_t* row = xp + r * cols;
-          const Welford<double> st = run_stats(row, cols);
-          const double rs = 1.0 / std::sqrt(st.m2 / cols + eps);
-          mp[r] = static_cast<stat_t>(st.mean);
+          double mu = 0, rs;
+          if constexpr (kNorm == RowNorm::Layer) {
+            const Welford<double> st = run_stats(row, cols);
+            mu = st.mean;
+            rs = 1.0 / std::sqrt(st.m2 / cols + eps);
+            mp[r] = static_cast<stat_t>(mu);
+          } else {
+            rs = 1.0 / std::sqrt(run_sum_squares(row, cols) / cols + eps);
+          }
           rp[r] = static_cast<stat_t>(rs);
           for (int64_t j = 0; j < cols; ++j) {
-            double y = (static_cast<double>(row[j]) - st.mean) * rs;
+            double y = (static_cast<double>(row[j]) - mu) * rs;
             if (wp) y *= static_cast<double>(wp[j]);
             if (bp) y += static_cast<double>(bp[j]);
             yp[r * cols + j] = static_cast<scalar_t>(y);
@@ -114,43 +133,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tens
   return {out, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
+// The backward of either norm; mean (and bias) undefined for RMSNorm, whose xhat is x * rstd.
+template <RowNorm kNorm>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
     const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
     const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
-  const char* op = "reduce::layer_norm_bwd";
-  TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ", input.device());
+  constexpr const char* op = kBackwardName<kNorm>;
+  TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ",
+              input.device());
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
-  check_layer_norm_bwd(grad_out, input, mean, rstd, s, op);
+  check_norm_bwd(grad_out, input, mean, rstd, s, op);
   const at::Tensor x = input.contiguous(), dy = grad_out.contiguous(), w = contiguous_or_undefined(weight);
-  const at::Tensor m = mean.contiguous(), rs = rstd.contiguous();
+  const at::Tensor m = mean.defined() ? mean.contiguous() : at::Tensor(), rs = rstd.contiguous();
   auto [grad_input, grad_weight, grad_bias] = layer_norm_grads(input, weight, bias, output_mask, s);
   const int64_t rows = s.rows, cols = s.cols;
-  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), "reduce::layer_norm_bwd", [&] {
+  constexpr bool kLayer = kNorm == RowNorm::Layer;
+  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
     with_param_type<scalar_t>(s.param_type, [&](auto param) {
       using param_t = decltype(param);
       using stat_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
       const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
       const param_t* wp = data_or_null<param_t>(w);
-      const stat_t* mp = m.const_data_ptr<stat_t>();
+      const stat_t* mp = m.defined() ? m.const_data_ptr<stat_t>() : nullptr;
       const stat_t* rp = rs.const_data_ptr<stat_t>();
+      const auto row_mean = [&](int64_t r) { return kLayer ? static_cast<double>(mp[r]) : 0.0; };
       if (grad_input.numel() > 0) {
         scalar_t* dxp = grad_input.mutable_data_ptr<scalar_t>();
-        // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight.
+        // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (RMSNorm: no mean(g) term).
         at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
           for (int64_t r = begin; r < end; ++r) {
-            const double mu = mp[r], rstd_r = rp[r];
+            const double mu = row_mean(r), rstd_r = rp[r];
             double sum_g = 0, sum_gx = 0;
             for (int64_t j = 0; j < cols; ++j) {
               const double g = static_cast<double>(dyp[r * cols + j]) * (wp ? static_cast<double>(wp[j]) : 1.0);
               sum_g += g;
               sum_gx += g * (static_cast<double>(xp[r * cols + j]) - mu) * rstd_r;
             }
+            const double mean_g = kLayer ? sum_g / cols : 0.0;
             for (int64_t j = 0; j < cols; ++j) {
               const double g = static_cast<double>(dyp[r * cols + j]) * (wp ? static_cast<double>(wp[j]) : 1.0);
               const double xhat = (static_cast<double>(xp[r * cols + j]) - mu) * rstd_r;
-              dxp[r * cols + j] = static_cast<scalar_t>(rstd_r * (g - sum_g / cols - xhat * sum_gx / cols));
+              dxp[r * cols + j] = static_cast<scalar_t>(rstd_r * (g - mean_g - xhat * sum_gx / cols));
             }
           }
         });
@@ -162,7 +187,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
         at::parallel_for(0, cols, 64, [&](int64_t begin, int64_t end) {
           std::vector<double> dw(end - begin, 0.0), db(end - begin, 0.0);
           for (int64_t r = 0; r < rows; ++r) {
-            const double mu = mp[r], rstd_r = rp[r];
+            const double mu = row_mean(r), rstd_r = rp[r];
             for (int64_t j = begin; j < end; ++j) {
               const double d = static_cast<double>(dyp[r * cols + j]);
               dw[j - begin] += d * (static_cast<double>(xp[r * cols + j]) - mu) * rstd_r;
@@ -180,12 +205,46 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
   return {grad_input, grad_weight, grad_bias};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tensor& input,
+                                                                  c10::SymIntArrayRef normalized_shape,
+                                                                  const std::optional<at::Tensor>& weight,
+                                                                  const std::optional<at::Tensor>& bias, double eps) {
+  return row_norm_fwd<RowNorm::Layer>(input, normalized_shape, weight, bias, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+    const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
+  return row_norm_bwd<RowNorm::Layer>(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cpu(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+                                                    const std::optional<at::Tensor>& weight,
+                                                    std::optional<double> eps) {
+  auto [out, mean, rstd] =
+      row_norm_fwd<RowNorm::Rms>(input, normalized_shape, weight, std::nullopt, eps);
+  return {out, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cpu(const at::Tensor& grad_out, const at::Tensor& input,
+                                                    c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
+                                                    const std::optional<at::Tensor>& weight,
+                                                    std::array<bool, 2> output_mask) {
+  auto [grad_input, grad_weight, unused] =
+      row_norm_bwd<RowNorm::Rms>(grad_out, input, normalized_shape, at::Tensor(), rstd, weight, std::nullopt,
+                                 {output_mask[0], output_mask[1], false});
+  return {grad_input, grad_weight};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reduce, CPU, m) {
   m.impl("var_mean", &var_mean_cpu);
   m.impl("layer_norm_fwd", &layer_norm_fwd_cpu);
   m.impl("layer_norm_bwd", &layer_norm_bwd_cpu);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_cpu);
+  m.impl("rms_norm_bwd", &rms_norm_bwd_cpu);
 }
 
 }  // namespace torch_reduce::cpu

@@ -1,8 +1,8 @@
-// LayerNorm forward on the GPU: each row's statistics by row_layout.cuh's machinery (the row stays in
-// registers between the statistics and the normalization, so x is read once), then
-// y = (x - mean) * rstd * weight + bias, stored with 16-byte vectors. weight and bias have the input's
-// dtype or are float32 beside a 16-bit input (param_t); mean and rstd are kept in float32 (float64 for a
-// float64 input) for the backward.
+// LayerNorm and RMSNorm forward on the GPU (one kernel, RowNorm says which): each row's statistics by
+// row_layout.cuh's machinery (the row stays in registers between the statistics and the normalization, so x
+// is read once), then y = (x - mean) * rstd * weight + bias (RMSNorm: x * rstd * weight), stored with
+// 16-byte vectors. weight and bias have the input's dtype or are float32 beside a 16-bit input (param_t);
+// mean and rstd are kept in float32 (float64 for a float64 input) for the backward.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -27,26 +27,41 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t v) {
   }
 }
 
-template <typename Tuning, unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename param_t,
-          typename acc_t>
+template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t,
+          typename param_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
-    layer_norm_fwd_kernel(const scalar_t* __restrict__ in, const param_t* __restrict__ weight,
-                          const param_t* __restrict__ bias, scalar_t* __restrict__ out, acc_t* __restrict__ mean_out,
-                          acc_t* __restrict__ rstd_out, int64_t rows, int64_t cols, acc_t eps) {
+    row_norm_fwd_kernel(const scalar_t* __restrict__ in, const param_t* __restrict__ weight,
+                        const param_t* __restrict__ bias, scalar_t* __restrict__ out, acc_t* __restrict__ mean_out,
+                        acc_t* __restrict__ rstd_out, int64_t rows, int64_t cols, acc_t eps) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
   if (row >= rows) return;
   const unsigned t = threadIdx.x % GROUP;
   const scalar_t* x = in + row * cols;
   constexpr int kItems = Tuning::kItems;
   RowRegisters<scalar_t, kItems> regs;
-  const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(thread_stats<GROUP, kInRegisters, acc_t>(x, cols, t, regs),
-                                                         WelfordOp<acc_t>());
-  const acc_t mean = w.mean, rstd = reciprocal_sqrt(w.m2 / static_cast<acc_t>(cols) + eps);
+  acc_t mean = 0, rstd;
+  if constexpr (kNorm == RowNorm::Layer) {
+    const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(
+        thread_stats<GROUP, kInRegisters, acc_t>(x, cols, t, regs), WelfordOp<acc_t>());
+    mean = w.mean;
+    rstd = reciprocal_sqrt(w.m2 / static_cast<acc_t>(cols) + eps);
+  } else {
+    const acc_t squares = group_allreduce<GROUP, BLOCK>(
+        thread_sum_squares<GROUP, kInRegisters, acc_t>(x, cols, t, regs), SumOp<acc_t>());
+    rstd = reciprocal_sqrt(squares / static_cast<acc_t>(cols) + eps);
+  }
   repack(regs);
   if (t == 0) {
-    mean_out[row] = mean;
+    if constexpr (kNorm == RowNorm::Layer) mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
+  // One element: centred (LayerNorm), scaled, then weight and bias where given.
+  const auto normalize = [&](scalar_t xv, acc_t w, acc_t b) {
+    acc_t v = kNorm == RowNorm::Layer ? (static_cast<acc_t>(xv) - mean) * rstd : static_cast<acc_t>(xv) * rstd;
+    if (weight != nullptr) v *= w;
+    if (kNorm == RowNorm::Layer && bias != nullptr) v += b;
+    return static_cast<scalar_t>(v);
+  };
   scalar_t* y = out + row * cols;
   if constexpr (kInRegisters) {
     using V = Vec16<scalar_t>;
@@ -55,37 +70,34 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
     for (int k = 0; k < kItems; ++k) {
       const int64_t i = t + static_cast<int64_t>(k) * GROUP;
       if (i >= vectors) continue;
-      acc_t wv[V::kSize], bv[V::kSize];
+      acc_t wv[V::kSize] = {}, bv[V::kSize] = {};
       if (weight != nullptr) load_params(weight, i * V::kSize, wv);
-      if (bias != nullptr) load_params(bias, i * V::kSize, bv);
+      if (kNorm == RowNorm::Layer && bias != nullptr) load_params(bias, i * V::kSize, bv);
       V o;
 #pragma unroll
-      for (int e = 0; e < V::kSize; ++e) {
-        acc_t v = (static_cast<acc_t>(regs.v[k].value[e]) - mean) * rstd;
-        if (weight != nullptr) v *= wv[e];
-        if (bias != nullptr) v += bv[e];
-        o.value[e] = static_cast<scalar_t>(v);
-      }
+      for (int e = 0; e < V::kSize; ++e) o.value[e] = normalize(regs.v[k].value[e], wv[e], bv[e]);
       store_vector(reinterpret_cast<V*>(y) + i, o);
     }
   } else {
     for (int64_t j = t; j < cols; j += GROUP) {
-      acc_t v = (static_cast<acc_t>(x[j]) - mean) * rstd;
-      if (weight != nullptr) v *= static_cast<acc_t>(weight[j]);
-      if (bias != nullptr) v += static_cast<acc_t>(bias[j]);
-      y[j] = static_cast<scalar_t>(v);
+      const acc_t w = weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1);
+      const acc_t b = kNorm == RowNorm::Layer && bias != nullptr ? static_cast<acc_t>(bias[j]) : acc_t(0);
+      y[j] = normalize(x[j], w, b);
     }
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& input,
-                                                                   c10::SymIntArrayRef normalized_shape,
-                                                                   const std::optional<at::Tensor>& weight,
-                                                                   const std::optional<at::Tensor>& bias, double eps) {
-  const char* op = "reduce::layer_norm_fwd";
+// The forward of either norm: out, and the statistics (mean: LayerNorm only) in the accumulate type.
+template <RowNorm kNorm>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_fwd(const at::Tensor& input,
+                                                            c10::SymIntArrayRef normalized_shape,
+                                                            const std::optional<at::Tensor>& weight,
+                                                            const std::optional<at::Tensor>& bias,
+                                                            std::optional<double> eps_arg) {
+  constexpr const char* op = kForwardName<kNorm>;
   TORCH_CHECK(input.is_cuda(), op, ": expected every tensor on one CUDA device, got the input on ", input.device());
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
-  check_eps(eps, op);
+  const double eps = norm_eps<kNorm>(eps_arg, input.scalar_type(), op);
   const c10::cuda::CUDAGuard guard(input.device());
   check_kernel_image_for_current_device();
   const at::Tensor x = input.contiguous();
@@ -93,10 +105,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
   const at::Tensor b = defined(bias) ? bias->contiguous() : at::Tensor();
   at::Tensor out = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
   const auto stat_options = input.options().dtype(stat_scalar_type(input.scalar_type()));
-  at::Tensor mean = at::empty(s.stat_shape, stat_options), rstd = at::empty(s.stat_shape, stat_options);
-  if (s.rows == 0 || s.cols == 0) return {out, mean.fill_(NAN), rstd.fill_(NAN)};
+  at::Tensor rstd = at::empty(s.stat_shape, stat_options);
+  at::Tensor mean = kNorm == RowNorm::Layer ? at::empty(s.stat_shape, stat_options) : at::Tensor();
+  if (s.rows == 0 || s.cols == 0) {  // statistics of empty rows: NaN, as torch's
+    if (mean.defined()) mean.fill_(NAN);
+    return {out, mean, rstd.fill_(NAN)};
+  }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), "reduce::layer_norm_fwd", [&] {
+  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
     with_param_type<scalar_t>(s.param_type, [&](auto param) {
       using param_t = decltype(param);
       using acc_t = acc_type<scalar_t>;
@@ -104,16 +120,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
       const param_t* wp = w.defined() ? w.const_data_ptr<param_t>() : nullptr;
       const param_t* bp = b.defined() ? b.const_data_ptr<param_t>() : nullptr;
       scalar_t* yp = out.mutable_data_ptr<scalar_t>();
+      acc_t* mp = mean.defined() ? mean.mutable_data_ptr<acc_t>() : nullptr;
       const bool aligned = aligned16(xp) && aligned16(wp) && aligned16(bp) && aligned16(yp);
       with_tuning([&](auto tuning) {
         using Tuning = decltype(tuning);
         with_row_layout<Tuning, scalar_t, Tuning::kItems, Tuning::kMinRowBlock>(
             s.rows, s.cols, aligned, multiprocessors() * Tuning::kOneTensorThreads,
             [&](auto group, auto block, auto in_registers, int64_t grid) {
-          layer_norm_fwd_kernel<Tuning, decltype(group)::value, decltype(block)::value, decltype(in_registers)::value,
-                                scalar_t, param_t, acc_t><<<grid, decltype(block)::value, 0, stream>>>(
-              xp, wp, bp, yp, mean.mutable_data_ptr<acc_t>(), rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols,
-              static_cast<acc_t>(eps));
+          row_norm_fwd_kernel<Tuning, kNorm, decltype(group)::value, decltype(block)::value,
+                              decltype(in_registers)::value, scalar_t, param_t, acc_t>
+              <<<grid, decltype(block)::value, 0, stream>>>(xp, wp, bp, yp, mp, rstd.mutable_data_ptr<acc_t>(),
+                                                            s.rows, s.cols, static_cast<acc_t>(eps));
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
       });
@@ -122,8 +139,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
   return {out, mean, rstd};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& input,
+                                                                   c10::SymIntArrayRef normalized_shape,
+                                                                   const std::optional<at::Tensor>& weight,
+                                                                   const std::optional<at::Tensor>& bias, double eps) {
+  return row_norm_fwd<RowNorm::Layer>(input, normalized_shape, weight, bias, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+                                                     const std::optional<at::Tensor>& weight,
+                                                     std::optional<double> eps) {
+  auto [out, mean, rstd] = row_norm_fwd<RowNorm::Rms>(input, normalized_shape, weight, std::nullopt, eps);
+  return {out, rstd};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(reduce, CUDA, m) { m.impl("layer_norm_fwd", &layer_norm_fwd_cuda); }
+TORCH_LIBRARY_IMPL(reduce, CUDA, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd_cuda);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_cuda);
+}
 
 }  // namespace torch_reduce::cuda

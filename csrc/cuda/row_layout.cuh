@@ -1,5 +1,5 @@
 #pragma once
-// The row machinery of var_mean and LayerNorm on the GPU: rows of a contiguous (rows, cols) matrix, one
+// The row machinery of var_mean, LayerNorm and RMSNorm on the GPU: rows of a contiguous (rows, cols) matrix, one
 // group of threads per row: a warp for short rows (four rows a block), a block of 64..512 threads for
 // longer ones (the smallest that holds the row). Thread t of a group holds the row's 16-byte vectors
 // t, t + GROUP, ... in registers (RowRegisters), the same columns for every row it visits, and the group
@@ -133,6 +133,32 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
     return Welford<acc_t>(mean, m2, static_cast<acc_t>(count));
   } else {
     return thread_reduce<Welford<acc_t>>(row, cols, t, GROUP, WelfordOp<acc_t>());
+  }
+}
+
+// A thread's sum of squares of its share of row[0, cols) (RMSNorm's statistic), from registers (loaded here)
+// or streamed through thread_reduce.
+template <unsigned GROUP, bool kInRegisters, typename acc_t, typename scalar_t, int ITEMS>
+__device__ __forceinline__ acc_t thread_sum_squares(const scalar_t* row, int64_t cols, unsigned t,
+                                                    RowRegisters<scalar_t, ITEMS>& regs) {
+  if constexpr (kInRegisters) {
+    constexpr int kSize = Vec16<scalar_t>::kSize;
+    const int64_t vectors = cols / kSize;
+    load_row<GROUP>(regs, row, vectors, t);
+    acc_t squares = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      if (t + static_cast<int64_t>(k) * GROUP < vectors) {
+#pragma unroll
+        for (int e = 0; e < kSize; ++e) {
+          const acc_t x = static_cast<acc_t>(regs.v[k].value[e]);
+          squares += x * x;
+        }
+      }
+    }
+    return squares;
+  } else {
+    return thread_reduce<acc_t>(row, cols, t, GROUP, unprojected(NormTwoOp<acc_t>()));
   }
 }
 

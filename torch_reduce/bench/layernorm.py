@@ -1,5 +1,6 @@
 """LayerNorm section: torch_reduce's LayerNorm against torch's and Liger-Kernel's (Triton), and torch_reduce's
-var_mean against torch's, on (rows, hidden) activations in float32 and bfloat16.
+var_mean against torch's, on (rows, hidden) activations in float32 and bfloat16. The rmsnorm section
+(rmsnorm.py) runs RMSNorm through the same machinery (Section.norm), with its own targets.
 
 LayerNorm runs over the grid rows {1024 ... 65536} x hidden {768 ... 18432} with N = rows x hidden <= 2^29
 (--quick: five of those shapes); var_mean over its own five shapes. The three LayerNorms are
@@ -89,6 +90,7 @@ def _torch_graph_long(record: dict) -> Optional[bool]:
     return None if torch_ms is None else torch_ms >= 0.05
 
 
+# An RMSNorm reads and writes what a LayerNorm does; its targets (the RMSNorm issue's) are set higher.
 TARGETS = {
     ("var_mean", "fwd"): [Target("eager >= 1.5x torch", "eager_vs_torch", 1.5),
                           Target("graph >= 1.5x torch", "graph_vs_torch", 1.5)],
@@ -99,6 +101,13 @@ TARGETS = {
     ("layer_norm", "fwd_bwd"): [Target("graph >= 1.3x torch", "graph_vs_torch", 1.3),
                                 Target("eager >= 1.15x torch (torch graph >= 0.05 ms)", "eager_vs_torch", 1.15,
                                        applies=_torch_graph_long)],
+    ("rms_norm", "fwd"): [Target("graph >= 1.2x torch", "graph_vs_torch", 1.2),
+                          Target("graph >= 1.0x liger", "graph_vs_liger", 1.0),
+                          Target("graph >= 85% of line (N >= 2^24)", "ours_pct_of_line", 85.0, "%",
+                                 _numel_from_2_24)],
+    ("rms_norm", "bwd"): [Target("graph >= 80% of line (N >= 2^24)", "ours_pct_of_line", 80.0, "%",
+                                 _numel_from_2_24)],
+    ("rms_norm", "fwd_bwd"): [Target("graph >= 1.3x torch", "graph_vs_torch", 1.3)],
 }
 
 
@@ -126,29 +135,31 @@ def _liger() -> tuple[Optional[Callable], str]:
 
 
 def _norms(liger: Optional[Callable]) -> dict[str, Optional[Callable]]:
-    """impl: norm(x, weight, bias) over the last dim, or None where the implementation is missing."""
+    """impl: norm(x, weight, bias) over the last dim, or None where the implementation is missing (a norm takes
+    x and its parameters: weight and bias here, weight alone for RMSNorm)."""
     return {"torch": lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS),
             "ours": lambda x, w, b: torch_reduce.layer_norm(x, x.shape[-1:], w, b, EPS),
             "liger": liger}
 
 
-def _parameters(hidden: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random weight and bias (a kernel that ignores either fails the check), wanting gradients."""
-    return tuple(torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+def _parameters(hidden: int, dtype: torch.dtype, count: int = 2) -> tuple[torch.Tensor, ...]:
+    """Random weight and bias (count 2) or weight (1) (a kernel that ignores one fails the check), wanting
+    gradients."""
+    return tuple(torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True) for _ in range(count))
 
 
-def _timed_call(mode: str, norm: Callable, w: torch.Tensor, b: torch.Tensor) -> Callable[[Sample], object]:
+def _timed_call(mode: str, norm: Callable, params: tuple) -> Callable[[Sample], object]:
     """What one timed call runs on one Sample."""
     if mode == "fwd":
         def forward(s: Sample):
             with torch.no_grad():  # the forward alone, as in inference: no graph to record
-                return norm(s.x, w, b)
+                return norm(s.x, *params)
         return forward
     if mode == "bwd":
         # retain_graph: every warm-up call, the capture and the check walk the same saved forward.
-        return lambda s: torch.autograd.grad(s.y, (s.x, w, b), s.dy, retain_graph=True)
+        return lambda s: torch.autograd.grad(s.y, (s.x, *params), s.dy, retain_graph=True)
     # autograd.grad, not .backward(): no gradient accumulation kernels between samples.
-    return lambda s: torch.autograd.grad(norm(s.x, w, b), (s.x, w, b), s.dy)
+    return lambda s: torch.autograd.grad(norm(s.x, *params), (s.x, *params), s.dy)
 
 
 def _callables(op: str, hidden: int, dtype: torch.dtype):
@@ -156,18 +167,18 @@ def _callables(op: str, hidden: int, dtype: torch.dtype):
     if op == "var_mean":
         return (lambda xs: VAR_MEANS["torch"](xs[0])), (lambda xs: VAR_MEANS["ours"](xs[0]))
     mode = {"layer_norm_fwd": "fwd", "layer_norm_fwd_bwd": "fwd_bwd"}[op]
-    w, b = _parameters(hidden, dtype)
+    params = _parameters(hidden, dtype)
     norms = _norms(None)
-    theirs, ours = _timed_call(mode, norms["torch"], w, b), _timed_call(mode, norms["ours"], w, b)
+    theirs, ours = _timed_call(mode, norms["torch"], params), _timed_call(mode, norms["ours"], params)
     return (lambda xs: theirs(Sample(*xs))), (lambda xs: ours(Sample(*xs)))
 
 
-def _with_forward(norm: Callable, inputs: list[Sample], w, b, stream: torch.cuda.Stream) -> list[Sample]:
+def _with_forward(norm: Callable, inputs: list[Sample], params: tuple, stream: torch.cuda.Stream) -> list[Sample]:
     """The bwd mode's samples: each input's forward, run once on the stream the graph will be captured on
     (autograd runs a backward op on its forward's stream)."""
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        return [s._replace(y=norm(s.x, w, b)) for s in inputs]
+        return [s._replace(y=norm(s.x, *params)) for s in inputs]
 
 
 def _check(got, want) -> None:
@@ -206,14 +217,15 @@ def _verdict(target: Target, record: dict) -> str:
 class Section:
     """Measures one implementation at a time, keeps the records, and reports failures as they happen."""
 
-    def __init__(self, ctx: Context, configs: int):
+    def __init__(self, ctx: Context, configs: int, name: str = "layernorm"):
         self.ctx = ctx
+        self.name = name
         self.records: list[dict] = []
-        self.bar = tqdm(total=configs, desc="layernorm", leave=False)
+        self.bar = tqdm(total=configs, desc=name, leave=False)
 
     def _fail(self, where: str, impl: str, errors: dict, error: BaseException) -> None:
         errors[impl] = "; ".join(filter(None, [errors.get(impl), _short(error)]))
-        print(f"layernorm {where} {impl}: {errors[impl]}", flush=True)
+        print(f"{self.name} {where} {impl}: {errors[impl]}", flush=True)
 
     def measure(self, where: str, impl: str, fn: Callable, samples_of: Callable[[], list], reference, eager: bool,
                 errors: dict, stream: Optional[torch.cuda.Stream] = None):
@@ -273,10 +285,10 @@ class Section:
                 f"var_mean {_name(dtype)} {rows}x{hidden}", impl, fn, inputs.copy, reference, True, errors)
         self.add("var_mean", "fwd", dtype, shape, VAR_MEAN_PASSES, graph_ms, eager_ms, errors)
 
-    def layer_norm(self, dtype: torch.dtype, shape: tuple[int, int], norms: dict) -> None:
-        """Every mode and implementation on one rotation of (x, dy), built once."""
+    def norm(self, op: str, dtype: torch.dtype, shape: tuple[int, int], norms: dict, param_count: int) -> None:
+        """Every mode and implementation of the norm `op` on one rotation of (x, dy), built once."""
         rows, hidden = shape
-        w, b = _parameters(hidden, dtype)
+        params = _parameters(hidden, dtype, param_count)
         inputs = rotation(lambda: Sample(torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True),
                                          torch.randn(rows, hidden, device="cuda", dtype=dtype)),
                           rows * hidden * dtype.itemsize)
@@ -288,11 +300,11 @@ class Section:
                     continue
                 stream = torch.cuda.Stream() if mode == "bwd" else None
                 # The bwd mode's saved forwards live for one implementation's measurement at a time.
-                samples_of = partial(_with_forward, norm, inputs, w, b, stream) if mode == "bwd" else inputs.copy
+                samples_of = partial(_with_forward, norm, inputs, params, stream) if mode == "bwd" else inputs.copy
                 reference, graph_ms[impl], eager_ms[impl] = self.measure(
-                    f"{mode} {_name(dtype)} {rows}x{hidden}", impl, _timed_call(mode, norm, w, b), samples_of,
+                    f"{op} {mode} {_name(dtype)} {rows}x{hidden}", impl, _timed_call(mode, norm, params), samples_of,
                     reference, eager, errors, stream)
-            self.add("layer_norm", mode, dtype, shape, passes, graph_ms, eager_ms if eager else None, errors)
+            self.add(op, mode, dtype, shape, passes, graph_ms, eager_ms if eager else None, errors)
         torch.cuda.synchronize()
 
 
@@ -379,6 +391,7 @@ def _plot_var_mean(records: list[dict], path) -> None:
     plt.close(fig)
 
 
+TITLES = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm"}
 # (mode, record field, panel title): the heat maps' panels.
 HEATMAP_PANELS = [("fwd", "graph_vs_torch", "forward, graph replay: speedup over torch"),
                   ("bwd", "ours_pct_of_line", "backward, graph replay: ours, % of the line"),
@@ -386,7 +399,7 @@ HEATMAP_PANELS = [("fwd", "graph_vs_torch", "forward, graph replay: speedup over
                   ("fwd_bwd", "eager_vs_torch", "forward + backward, one eager call: speedup over torch")]
 
 
-def _plot_heatmap(records: list[dict], dtype: str, path) -> None:
+def _plot_heatmap(records: list[dict], op: str, dtype: str, path) -> None:
     """One panel per (mode, clock): the rows x hidden grid, each cell coloured and labelled by its figure
     (diverging, centred at 1.0x, or at the 80% target for % of line); outlined: target missed; blank: no shape."""
     import matplotlib
@@ -397,7 +410,7 @@ def _plot_heatmap(records: list[dict], dtype: str, path) -> None:
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.patches import Rectangle
 
-    ours = [r for r in records if r["op"] == "layer_norm" and r["dtype"] == dtype]
+    ours = [r for r in records if r["op"] == op and r["dtype"] == dtype]
     rows = sorted({r["rows"] for r in ours})
     hidden = sorted({r["hidden"] for r in ours})
     fig, axes = plt.subplots(2, 2, figsize=(2.5 + 1.6 * len(hidden), 2.0 + 1.1 * len(rows)), squeeze=False)
@@ -427,13 +440,13 @@ def _plot_heatmap(records: list[dict], dtype: str, path) -> None:
                     fontsize=7, color="white" if dark else "black")
             if any(t["field"] == field and t["verdict"] == "MISS" for t in record["targets"]):
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1.8))
-        target = next((t for t in TARGETS[("layer_norm", mode)] if t.field == field), None)
+        target = next((t for t in TARGETS[(op, mode)] if t.field == field), None)
         ax.set_title(title + (f"\ntarget: {target.label}; outlined: missed" if target else ""), fontsize=9)
         ax.set_xticks(range(len(hidden)), [str(h) for h in hidden], fontsize=7)
         ax.set_yticks(range(len(rows)), [str(r) for r in rows], fontsize=7)
         ax.set_xlabel("hidden", fontsize=8)
         ax.set_ylabel("rows", fontsize=8)
-    fig.suptitle(f"LayerNorm {dtype}: torch_reduce against torch")
+    fig.suptitle(f"{TITLES[op]} {dtype}: torch_reduce against torch")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -452,7 +465,7 @@ def report(ctx: Context, records: list[dict], liger_version: str) -> str:
     try:
         _plot_var_mean(records, ctx.out_dir / "layernorm.png")
         for dtype in dict.fromkeys(r["dtype"] for r in records if r["op"] == "layer_norm"):
-            _plot_heatmap(records, dtype, ctx.out_dir / f"layernorm_heatmap_{dtype}.png")
+            _plot_heatmap(records, "layer_norm", dtype, ctx.out_dir / f"layernorm_heatmap_{dtype}.png")
     except ImportError:
         text += "\n\n(matplotlib not installed: no plots)"
     return text
@@ -472,7 +485,7 @@ def run(ctx: Context) -> str:
             if kind == "var_mean":
                 section.var_mean(dtype, shape)
             else:
-                section.layer_norm(dtype, shape, norms)
+                section.norm("layer_norm", dtype, shape, norms, 2)
             torch.cuda.empty_cache()  # the next shape's rotation gets the memory back
             section.bar.update()
     section.bar.close()

@@ -1,0 +1,214 @@
+"""RMSNorm beyond the op contract (tests/test_op_contract.py runs values, every autograd mode, autocast, errors,
+opcheck, compile, determinism and > 2^31 elements on the rms_norm spec): the module as a drop-in for
+torch.nn.RMSNorm, mixed-precision weights, convert_norms on every kind of norm a model holds, and two
+transformers models (Llama: RMSNorm; GPT-2: LayerNorm) converted, against the unconverted ones: logits, every
+parameter's gradient, and 20 AdamW steps, in float32 and under bf16 autocast."""
+import copy
+from contextlib import nullcontext
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_reduce
+from conftest import DEVICES, requires_cuda
+from test_models import assert_close_normwise
+
+
+def float64_rms_norm(x, shape, weight=None, eps=None):
+    x64 = x.double()
+    eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps if eps is None else eps
+    dims = tuple(range(-len(shape), 0))
+    y = x64 * torch.rsqrt(x64.pow(2).mean(dims, keepdim=True) + eps)
+    return y if weight is None else y * weight.double()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kwargs", [{}, {"eps": 1e-6}, {"elementwise_affine": False}, {"eps": 1e-3, "dtype": torch.float64}],
+                         ids=["default", "eps", "no_weight", "float64"])
+def test_module_is_a_drop_in(kwargs, device):
+    theirs = nn.RMSNorm((5, 12), device=device, **kwargs)
+    ours = torch_reduce.nn.RMSNorm((5, 12), device=device, **kwargs)
+    assert isinstance(ours, nn.RMSNorm) and repr(ours) == repr(theirs)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    if theirs.weight is not None:
+        with torch.no_grad():
+            theirs.weight.normal_(1, 0.3)
+        ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(3, 5, 12, device=device, dtype=kwargs.get("dtype", torch.float32), requires_grad=True)
+    out, want = ours(x), theirs(x)
+    assert out.dtype == want.dtype and out.shape == want.shape
+    ref = float64_rms_norm(x, (5, 12), theirs.weight, kwargs.get("eps"))
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    dy = torch.randn_like(out)
+    params = [x] + ([ours.weight] if ours.weight is not None else [])
+    got = torch.autograd.grad(out, params, dy)
+    wanted = torch.autograd.grad(want, [x] + ([theirs.weight] if theirs.weight is not None else []), dy)
+    for g, w in zip(got, wanted):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16bit_input_float32_weight(dtype, device):
+    """Mixed precision: the output in the input's dtype (as F.rms_norm gives it), statistics and weight's gradient
+    in float32, values those of the float64 formula."""
+    x = torch.randn(6, 40, device=device).to(dtype).requires_grad_()
+    weight = torch.randn(40, device=device).mul_(0.3).add_(1).requires_grad_()
+    out = torch_reduce.rms_norm(x, (40,), weight)
+    assert out.dtype == dtype
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    ref = float64_rms_norm(x64, (40,), w64)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
+    dy = torch.randn(6, 40, device=device)
+    gx, gw = torch.autograd.grad(out, (x, weight), dy.to(dtype))
+    rx, rw = torch.autograd.grad(ref, (x64, w64), dy.to(dtype).double())
+    assert gx.dtype == dtype and gw.dtype == torch.float32
+    torch.testing.assert_close(gx.double(), rx, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(gw.double(), rw, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ convert_norms ----
+
+class LlamaStyleRMSNorm(nn.Module):
+    """transformers' LlamaRMSNorm, as that library writes it."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class GemmaStyleRMSNorm(LlamaStyleRMSNorm):
+    """A look-alike with another formula, (1 + weight): must be left alone."""
+
+    def forward(self, hidden_states):
+        x = hidden_states.float()
+        out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (out * (1.0 + self.weight.float())).type_as(hidden_states)
+
+
+class UpcastRMSNorm(nn.RMSNorm):
+    """An nn.RMSNorm subclass with a forward of its own: must be left alone."""
+
+    def forward(self, x):
+        return super().forward(x.float()).type_as(x)
+
+
+def norms_model(hidden=16):
+    return nn.Sequential(nn.Linear(hidden, hidden), nn.LayerNorm(hidden), nn.RMSNorm(hidden, eps=1e-5),
+                         LlamaStyleRMSNorm(hidden), GemmaStyleRMSNorm(hidden), UpcastRMSNorm(hidden), nn.Linear(hidden, 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_convert_norms_converts_what_it_can_keep(device):
+    model = norms_model().to(device)
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "weight") and m.weight is not None and m.weight.dim() == 1:
+                m.weight.normal_(1, 0.3)
+    reference = copy.deepcopy(model)
+    params_before = [id(p) for p in model.parameters()]
+    seen = []
+    model[3].register_forward_hook(lambda m, i, o: seen.append(type(m).__name__))
+    assert torch_reduce.nn.convert_norms(model) is model
+    assert [id(p) for p in model.parameters()] == params_before
+    assert type(model[1]) is torch_reduce.nn.LayerNorm and type(model[2]) is torch_reduce.nn.RMSNorm
+    assert type(model[3]).__name__ == "LlamaStyleRMSNorm" and type(model[3]) is not LlamaStyleRMSNorm
+    assert isinstance(model[3], LlamaStyleRMSNorm)
+    assert type(model[4]) is GemmaStyleRMSNorm and type(model[5]) is UpcastRMSNorm
+    x = torch.randn(4, 16, device=device)
+    torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
+    assert seen == ["LlamaStyleRMSNorm"]
+    assert torch_reduce.nn.convert_norms(model) is model  # converting twice changes nothing
+    assert type(model[3]).__mro__[1] is LlamaStyleRMSNorm
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
+                                    (torch.bfloat16, torch.bfloat16)], ids=["bf16_in", "bf16_weight", "bf16_both"])
+def test_transformers_style_norm_keeps_its_dtypes(dtypes, device):
+    """weight * normalized.to(input dtype): the result has promote(weight, input)'s dtype, as theirs."""
+    x_dtype, w_dtype = dtypes
+    theirs = LlamaStyleRMSNorm(24).to(device=device, dtype=w_dtype)
+    with torch.no_grad():
+        theirs.weight.normal_(1, 0.3)
+    ours = torch_reduce.nn.convert_norms(copy.deepcopy(theirs))
+    x = torch.randn(5, 24, device=device).to(x_dtype)
+    got, want = ours(x), theirs(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+# ------------------------------------------------------------------------------- transformers models ----
+
+def tiny_llama(width):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=128, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         attn_implementation="eager")
+    return LlamaForCausalLM(config)
+
+
+def tiny_gpt2(width):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(vocab_size=128, n_embd=width, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+    return GPT2LMHeadModel(config)
+
+
+TRANSFORMERS = {"llama": tiny_llama, "gpt2": tiny_gpt2}
+# Norm-wise relative tolerances (see tests/test_training.py): logits and gradients; parameters after 20 steps.
+MODEL_TOL = {"float32": 1e-5, "bf16_autocast": 2e-2}
+STEP_TOL = {"float32": 1e-4, "bf16_autocast": 2e-2}
+MODEL_CASES = [pytest.param("cpu", mode, id=f"cpu-{mode}") for mode in MODEL_TOL]
+MODEL_CASES += [pytest.param("cuda", mode, id=f"cuda-{mode}", marks=requires_cuda) for mode in MODEL_TOL]
+
+
+@pytest.mark.parametrize("device,mode", MODEL_CASES)
+@pytest.mark.parametrize("name", list(TRANSFORMERS))
+def test_transformers_model_converted(name, device, mode):
+    pytest.importorskip("transformers")
+    width = 64 if device == "cpu" else 512
+    torch.manual_seed(0)
+    reference = TRANSFORMERS[name](width).to(device).train()
+    with torch.no_grad():  # random norm weights: a kernel that ignored them would pass with ones
+        for module in reference.modules():
+            if "Norm" in type(module).__name__:
+                module.weight.normal_(1, 0.1)
+    ours = torch_reduce.nn.convert_norms(copy.deepcopy(reference))
+    ours_forwards = (torch_reduce.nn.LayerNorm.forward, torch_reduce.nn.RMSNorm.forward,
+                     torch_reduce.nn._transformers_rms_norm_forward)
+    norms = [m for m in ours.modules() if "Norm" in type(m).__name__]
+    assert norms and all(type(m).forward in ours_forwards for m in norms), [type(m) for m in norms]
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if mode == "bf16_autocast" else nullcontext()
+    tol, step_tol = MODEL_TOL[mode], STEP_TOL[mode]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (reference, ours)]
+    for step in range(20):
+        idx = torch.randint(0, 128, (2, 32), device=device)
+        results = []
+        for model, optimizer in zip((reference, ours), optimizers):
+            with autocast:
+                logits = model(idx).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1)[:-1], idx.flatten()[1:])
+            optimizer.zero_grad()
+            loss.backward()
+            results.append((logits, loss, [p.grad.clone() for p in model.parameters()]))
+            optimizer.step()
+        (l_ref, loss_ref, g_ref), (l_ours, loss_ours, g_ours) = results
+        assert l_ours.dtype == l_ref.dtype
+        if step == 0:
+            assert_close_normwise(l_ours, l_ref, tol, "logits")
+            for (n, _), g, w in zip(reference.named_parameters(), g_ours, g_ref):
+                assert_close_normwise(g, w, max(tol, 1e-4) if mode == "float32" else tol, f"gradient of {n}")
+        assert_close_normwise(loss_ours, loss_ref, tol, f"loss at step {step}")
+    flat = lambda m: torch.cat([p.detach().flatten() for p in m.parameters()])  # noqa: E731
+    assert_close_normwise(flat(ours), flat(reference), step_tol, "parameters after 20 AdamW steps")
