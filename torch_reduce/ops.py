@@ -313,7 +313,7 @@ def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, 
 def _rms_norm_fwd_fake(input, normalized_shape, weight, eps=None):
     _layer_norm_param_dtype("reduce::rms_norm_fwd", input, normalized_shape, weight, None)
     if eps is not None and eps < 0:
-        raise RuntimeError(f"reduce::rms_norm_fwd: eps must be non-negative, got {eps}")
+        raise RuntimeError(f"reduce::rms_norm_fwd: eps must be non-negative, got {eps:g}")  # as C++ prints it
     axis = input.dim() - len(normalized_shape)
     stat_shape = list(input.shape[:axis]) + [1] * len(normalized_shape)
     return input.new_empty(input.shape), input.new_empty(stat_shape, dtype=_stat_dtype(input.dtype))
@@ -326,12 +326,12 @@ def _rms_norm_bwd_fake(grad_out, input, normalized_shape, rstd, weight, output_m
     for name, t in (("grad_out", grad_out), ("rstd", rstd)):
         _check_device(op, name, t, input)
     if grad_out.shape != input.shape or grad_out.dtype != input.dtype:
-        raise RuntimeError(f"{op}: grad_out must have the input's shape {list(input.shape)} and dtype {input.dtype}, "
-                           f"got {list(grad_out.shape)} and {grad_out.dtype}")
+        raise RuntimeError(f"{op}: grad_out must have the input's shape {list(input.shape)} and dtype "
+                           f"{_c10_name(input.dtype)}, got {list(grad_out.shape)} and {_c10_name(grad_out.dtype)}")
     rows = math.prod(input.shape[:input.dim() - len(normalized_shape)])
     stat_dtype = _stat_dtype(input.dtype)
     if rstd.numel() != rows or rstd.dtype != stat_dtype:
-        raise RuntimeError(f"{op}: rstd must be rms_norm_fwd's ({rows} elements of {stat_dtype})")
+        raise RuntimeError(f"{op}: rstd must be rms_norm_fwd's ({rows} elements of {_c10_name(stat_dtype)})")
     grad_input = input.new_empty(input.shape) if output_mask[0] else input.new_empty((0,))
     grad_weight = input.new_empty(weight.shape, dtype=param_dtype) if output_mask[1] and weight is not None \
         else input.new_empty((0,))
