@@ -3,6 +3,8 @@
 //   layer_norm_fwd     as aten::layer_norm: fp32 (every floating input cast to float32, a float32 result);
 //   rms_norm_fwd       as aten::rms_norm in the torch that runs: fp32 where torch casts it (its autocast lists
 //                      gained rms_norm after 2.11), else as called;
+//   add_layer_norm_fwd, add_rms_norm_fwd
+//                      as `x + r` then the norm (see add_layer_norm_fwd_autocast);
 //   sum, prod, vector_norm, the ladder
 //                      as aten::sum, prod, linalg_vector_norm: fp32_set_opt_dtype (a floating, non-double
 //                      input without dtype= reduces to float32; the ladder ops have no dtype=, so such an
@@ -20,6 +22,7 @@
 
 #include "dim_reduce.h"
 #include "ladder.h"
+#include "layernorm.h"
 
 namespace torch_reduce {
 namespace {
@@ -74,6 +77,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_autocast(const at:
                  at::autocast::cached_cast(at::kFloat, bias, kDevice), eps);
 }
 
+// Whether the torch that runs casts aten::rms_norm under CUDA autocast (to float32: torch after 2.11).
+bool torch_casts_rms_norm() {
+  static const bool casts = c10::Dispatcher::singleton()
+                                .findSchemaOrThrow("aten::rms_norm", "")
+                                .hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA);
+  return casts;
+}
+
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_autocast(const at::Tensor& input,
                                                          c10::SymIntArrayRef normalized_shape,
                                                          const std::optional<at::Tensor>& weight,
@@ -81,13 +92,61 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_autocast(const at::Tensor& input
   static const auto op = typed_op<std::tuple<at::Tensor, at::Tensor>(
       const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&, std::optional<double>)>(
       "reduce::rms_norm_fwd");
-  static const bool torch_casts = c10::Dispatcher::singleton()
-                                      .findSchemaOrThrow("aten::rms_norm", "")
-                                      .hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA);
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  if (!torch_casts) return op.call(input, normalized_shape, weight, eps);
+  if (!torch_casts_rms_norm()) return op.call(input, normalized_shape, weight, eps);
   return op.call(at::autocast::cached_cast(at::kFloat, input, kDevice), normalized_shape,
                  at::autocast::cached_cast(at::kFloat, weight, kDevice), eps);
+}
+
+// The fused add + norm as torch runs `x + r` then the norm under autocast: the add as called, the norm with its
+// policy. Where that policy casts nothing (float32 or float64 inputs, or rms_norm where torch leaves it alone),
+// the fused kernel gives exactly that; else (a 16-bit input and a float32 norm) the sum keeps the input's dtype
+// and the norm runs in float32, which the fused kernel cannot give: x + r, then the norm's own autocast kernel.
+bool norm_casts(const at::Tensor& input, bool policy_fp32) {
+  return policy_fp32 && at::autocast::is_eligible(input, kDevice) && input.scalar_type() != at::kFloat;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_fwd_autocast(
+    const at::Tensor& input, const at::Tensor& residual, c10::SymIntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  using Optional = std::optional<at::Tensor>;
+  check_residual(input, residual, "reduce::add_layer_norm_fwd");
+  if (norm_casts(input, true)) {
+    static const auto norm = typed_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+        const at::Tensor&, c10::SymIntArrayRef, const Optional&, const Optional&, double)>("reduce::layer_norm_fwd");
+    const at::Tensor sum = input + residual;
+    auto [out, mean, rstd] = norm.call(sum, normalized_shape, weight, bias, eps);
+    return {out, sum, mean, rstd};
+  }
+  static const auto op = typed_op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const Optional&, const Optional&, double)>(
+      "reduce::add_layer_norm_fwd");
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  return op.call(input, residual, normalized_shape, at::autocast::cached_cast(at::kFloat, weight, kDevice),
+                 at::autocast::cached_cast(at::kFloat, bias, kDevice), eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd_autocast(const at::Tensor& input,
+                                                                         const at::Tensor& residual,
+                                                                         c10::SymIntArrayRef normalized_shape,
+                                                                         const std::optional<at::Tensor>& weight,
+                                                                         std::optional<double> eps) {
+  using Optional = std::optional<at::Tensor>;
+  check_residual(input, residual, "reduce::add_rms_norm_fwd");
+  const bool policy_fp32 = torch_casts_rms_norm();
+  if (norm_casts(input, policy_fp32)) {
+    static const auto norm = typed_op<std::tuple<at::Tensor, at::Tensor>(
+        const at::Tensor&, c10::SymIntArrayRef, const Optional&, std::optional<double>)>("reduce::rms_norm_fwd");
+    const at::Tensor sum = input + residual;
+    auto [out, rstd] = norm.call(sum, normalized_shape, weight, eps);
+    return {out, sum, rstd};
+  }
+  static const auto op = typed_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const Optional&, std::optional<double>)>(
+      "reduce::add_rms_norm_fwd");
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  return op.call(input, residual, normalized_shape,
+                 policy_fp32 ? at::autocast::cached_cast(at::kFloat, weight, kDevice) : weight, eps);
 }
 
 }  // namespace
@@ -98,6 +157,8 @@ TORCH_LIBRARY_IMPL(reduce, AutocastCUDA, m) {
   m.impl("vector_norm", &OrdDimsDtype::bind<Fp32SetOptDtype<Reduction::VectorNorm, OrdDimsDtype>>);
   m.impl("layer_norm_fwd", &layer_norm_fwd_autocast);
   m.impl("rms_norm_fwd", &rms_norm_fwd_autocast);
+  m.impl("add_layer_norm_fwd", &add_layer_norm_fwd_autocast);
+  m.impl("add_rms_norm_fwd", &add_rms_norm_fwd_autocast);
 #define TORCH_REDUCE_AUTOCAST(name, variant) m.impl(#name, &ladder_autocast<Ladder::variant>);
   TORCH_REDUCE_LADDER(TORCH_REDUCE_AUTOCAST)
 #undef TORCH_REDUCE_AUTOCAST

@@ -93,10 +93,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
     const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape, const at::Tensor& mean,
     const at::Tensor& rstd, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 3> output_mask, const std::optional<at::Tensor>& grad_sum) {
   const char* op = "reduce::layer_norm_bwd";
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
   check_norm_bwd(grad_out, input, mean, rstd, s, op);
+  if (defined(grad_sum)) check_grad_sum(*grad_sum, input, op);
   const auto k = static_cast<int64_t>(normalized_shape.size());
   const auto stat_type = mean.scalar_type();
   std::vector<c10::SymInt> stat_shape(input.sym_sizes().begin(), input.sym_sizes().end() - k);
@@ -109,6 +110,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
     const at::Tensor g = defined(weight) ? dy * *weight : dy;
     const auto dims = trailing_dims(input.dim(), k);
     grad_input = (r * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true))).to(input.scalar_type());
+    if (defined(grad_sum)) grad_input = grad_input + *grad_sum;
   }
   if (output_mask[1] && defined(weight)) grad_weight = column_sum(dy * xhat, k, s.param_type);
   if (output_mask[2] && defined(bias)) grad_bias = column_sum(dy, k, s.param_type);
@@ -136,10 +138,12 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, c10::Sy
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input,
                                                 c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
                                                 const std::optional<at::Tensor>& weight,
-                                                std::array<bool, 2> output_mask) {
+                                                std::array<bool, 2> output_mask,
+                                                const std::optional<at::Tensor>& grad_sum) {
   const char* op = "reduce::rms_norm_bwd";
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, std::nullopt, op);
   check_norm_bwd(grad_out, input, at::Tensor(), rstd, s, op);
+  if (defined(grad_sum)) check_grad_sum(*grad_sum, input, op);
   const auto k = static_cast<int64_t>(normalized_shape.size());
   const auto stat_type = rstd.scalar_type();
   std::vector<c10::SymInt> stat_shape(input.sym_sizes().begin(), input.sym_sizes().end() - k);
@@ -151,9 +155,29 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, cons
   if (output_mask[0]) {
     const at::Tensor g = defined(weight) ? dy * *weight : dy;
     grad_input = (r * (g - xhat * (g * xhat).mean(trailing_dims(input.dim(), k), true))).to(input.scalar_type());
+    if (defined(grad_sum)) grad_input = grad_input + *grad_sum;
   }
   if (output_mask[1] && defined(weight)) grad_weight = column_sum(dy * xhat, k, s.param_type);
   return {grad_input, grad_weight};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_fwd(
+    const at::Tensor& input, const at::Tensor& residual, c10::SymIntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  check_residual(input, residual, "reduce::add_layer_norm_fwd");
+  const at::Tensor sum = input + residual;
+  auto [out, mean, rstd] = layer_norm_fwd(sum, normalized_shape, weight, bias, eps);
+  return {out, sum, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residual,
+                                                                c10::SymIntArrayRef normalized_shape,
+                                                                const std::optional<at::Tensor>& weight,
+                                                                std::optional<double> eps) {
+  check_residual(input, residual, "reduce::add_rms_norm_fwd");
+  const at::Tensor sum = input + residual;
+  auto [out, rstd] = rms_norm_fwd(sum, normalized_shape, weight, eps);
+  return {out, sum, rstd};
 }
 
 }  // namespace torch_reduce::composite

@@ -32,7 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
     const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape, const at::Tensor& mean,
     const at::Tensor& rstd, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    std::array<bool, 3> output_mask);
+    std::array<bool, 3> output_mask, const std::optional<at::Tensor>& grad_sum);
 
 // RMSNorm's 1/sqrt(mean(x^2) + eps) as a differentiable function of the input, kept as size-1 dims, in the
 // statistics' dtype.
@@ -42,6 +42,15 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, c10::Sy
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input,
                                                 c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
                                                 const std::optional<at::Tensor>& weight,
-                                                std::array<bool, 2> output_mask);
+                                                std::array<bool, 2> output_mask,
+                                                const std::optional<at::Tensor>& grad_sum);
+// The fused residual adds: input + residual (torch's add), then the norm above; (out, sum, statistics).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_fwd(
+    const at::Tensor& input, const at::Tensor& residual, c10::SymIntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residual,
+                                                                c10::SymIntArrayRef normalized_shape,
+                                                                const std::optional<at::Tensor>& weight,
+                                                                std::optional<double> eps);
 
 }  // namespace torch_reduce::composite

@@ -125,6 +125,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_grads(const at::Tensor
           output_mask[2] && defined(bias) ? at::empty(bias->sizes(), param_dense) : not_requested(input)};
 }
 
+void check_residual(const at::Tensor& input, const at::Tensor& residual, const char* op) {
+  check_device(residual, "residual", input, op);
+  TORCH_CHECK(residual.sizes().equals(input.sizes()) && residual.scalar_type() == input.scalar_type(), op,
+              ": residual must have the input's shape ", input.sizes(), " and dtype ", input.scalar_type(), ", got ",
+              residual.sizes(), " and ", residual.scalar_type());
+}
+
+void check_grad_sum(const at::Tensor& grad_sum, const at::Tensor& input, const char* op) {
+  if (!grad_sum.defined()) return;
+  check_device(grad_sum, "grad_sum", input, op);
+  TORCH_CHECK(grad_sum.sizes().equals(input.sizes()) && grad_sum.scalar_type() == input.scalar_type(), op,
+              ": grad_sum must have the input's shape ", input.sizes(), " and dtype ", input.scalar_type(), ", got ",
+              grad_sum.sizes(), " and ", grad_sum.scalar_type());
+}
+
 void check_eps(double eps, const char* op) {
   TORCH_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
 }

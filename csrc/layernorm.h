@@ -29,11 +29,20 @@ void check_var_mean_dtype(const at::Tensor& input, const char* op);
 //   Rms:   y = x * rstd * weight,                  rstd = 1 / sqrt(mean(x^2) + eps) (F.rms_norm: no mean, no bias)
 enum class RowNorm { Layer, Rms };
 
-// The ops' names, as their errors say them.
+// The ops' names, as their errors say them; `add`: the fused residual add's forward (add_layer_norm_fwd, ...).
 template <RowNorm kNorm>
-constexpr const char* kForwardName = kNorm == RowNorm::Layer ? "reduce::layer_norm_fwd" : "reduce::rms_norm_fwd";
+constexpr const char* forward_name(bool add) {
+  if (kNorm == RowNorm::Layer) return add ? "reduce::add_layer_norm_fwd" : "reduce::layer_norm_fwd";
+  return add ? "reduce::add_rms_norm_fwd" : "reduce::rms_norm_fwd";
+}
 template <RowNorm kNorm>
 constexpr const char* kBackwardName = kNorm == RowNorm::Layer ? "reduce::layer_norm_bwd" : "reduce::rms_norm_bwd";
+
+// What a norm's forward kernel returns: the output; with a residual, the sum input + residual it normalized
+// (else undefined); the statistics (mean undefined for RMSNorm).
+struct NormForward {
+  at::Tensor out, sum, mean, rstd;
+};
 
 // Column sums the backward keeps per normalized element: weight's and bias's (LayerNorm), weight's (RMSNorm).
 constexpr int param_sums(RowNorm norm) { return norm == RowNorm::Layer ? 2 : 1; }
@@ -52,6 +61,11 @@ LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef nor
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                 const char* op);
 void check_eps(double eps, const char* op);
+// The residual of a fused add + norm: the input's shape, dtype and device (no broadcasting, no promotion).
+void check_residual(const at::Tensor& input, const at::Tensor& residual, const char* op);
+// A backward's grad_sum (the gradient reaching the fused add's sum from its other uses; undefined: none):
+// the input's shape, dtype and device.
+void check_grad_sum(const at::Tensor& grad_sum, const at::Tensor& input, const char* op);
 // The eps a norm uses, checked: LayerNorm's as given; RMSNorm's as given, or for None (F.rms_norm's default)
 // the machine epsilon of the accumulate type (float32's for 16-bit inputs).
 template <RowNorm kNorm>

@@ -39,43 +39,54 @@ std::tuple<at::Tensor, at::Tensor> var_mean_below_autograd(const at::Tensor& inp
   return call_below_autograd(op, input, dim, correction, keepdim);
 }
 
-Tensor3 layer_norm_fwd_below_autograd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                                      const Optional& weight, const Optional& bias, double eps) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("reduce::layer_norm_fwd", "")
-          .typed<Tensor3(const at::Tensor&, c10::SymIntArrayRef, const Optional&, const Optional&, double)>();
-  return call_below_autograd(op, input, normalized_shape, weight, bias, eps);
-}
+using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-using LayerNormBwdSignature = Tensor3(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const at::Tensor&,
-                                      const at::Tensor&, const Optional&, const Optional&, std::array<bool, 3>);
-
-const c10::TypedOperatorHandle<LayerNormBwdSignature>& layer_norm_bwd_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("reduce::layer_norm_bwd", "")
-                             .typed<LayerNormBwdSignature>();
+// The handle of the op `name` of this signature, looked up once (each op below has a signature of its own).
+template <typename Signature>
+const c10::TypedOperatorHandle<Signature>& op_handle(const char* name) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
   return op;
 }
 
-using RmsNormBwdSignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                c10::SymIntArrayRef, const at::Tensor&,
-                                                                const Optional&, std::array<bool, 2>);
+using LayerNormFwd = Tensor3(const at::Tensor&, c10::SymIntArrayRef, const Optional&, const Optional&, double);
+using AddLayerNormFwd = Tensor4(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const Optional&,
+                                const Optional&, double);
+using LayerNormBwd = Tensor3(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const at::Tensor&,
+                             const at::Tensor&, const Optional&, const Optional&, std::array<bool, 3>, const Optional&);
+using RmsNormFwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, c10::SymIntArrayRef, const Optional&,
+                                                      std::optional<double>);
+using AddRmsNormFwd = Tensor3(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, const Optional&,
+                              std::optional<double>);
+using RmsNormBwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef,
+                                                      const at::Tensor&, const Optional&, std::array<bool, 2>,
+                                                      const Optional&);
 
-const c10::TypedOperatorHandle<RmsNormBwdSignature>& rms_norm_bwd_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("reduce::rms_norm_bwd", "").typed<RmsNormBwdSignature>();
-  return op;
+// The forward of a norm below autograd, fused with the residual add when one is given: NormForward's fields
+// (sum undefined without a residual; mean for LayerNorm alone).
+NormForward layer_norm_fwd_below_autograd(const at::Tensor& input, const Optional& residual,
+                                          c10::SymIntArrayRef normalized_shape, const Optional& weight,
+                                          const Optional& bias, double eps) {
+  if (!defined(residual)) {
+    auto [out, mean, rstd] = call_below_autograd(op_handle<LayerNormFwd>("reduce::layer_norm_fwd"), input,
+                                                 normalized_shape, weight, bias, eps);
+    return {out, at::Tensor(), mean, rstd};
+  }
+  auto [out, sum, mean, rstd] = call_below_autograd(op_handle<AddLayerNormFwd>("reduce::add_layer_norm_fwd"), input,
+                                                    *residual, normalized_shape, weight, bias, eps);
+  return {out, sum, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_below_autograd(const at::Tensor& input,
-                                                                c10::SymIntArrayRef normalized_shape,
-                                                                const Optional& weight, std::optional<double> eps) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("reduce::rms_norm_fwd", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, c10::SymIntArrayRef,
-                                                                       const Optional&, std::optional<double>)>();
-  return call_below_autograd(op, input, normalized_shape, weight, eps);
+NormForward rms_norm_fwd_below_autograd(const at::Tensor& input, const Optional& residual,
+                                        c10::SymIntArrayRef normalized_shape, const Optional& weight,
+                                        std::optional<double> eps) {
+  if (!defined(residual)) {
+    auto [out, rstd] = call_below_autograd(op_handle<RmsNormFwd>("reduce::rms_norm_fwd"), input, normalized_shape,
+                                           weight, eps);
+    return {out, at::Tensor(), at::Tensor(), rstd};
+  }
+  auto [out, sum, rstd] = call_below_autograd(op_handle<AddRmsNormFwd>("reduce::add_rms_norm_fwd"), input,
+                                              *residual, normalized_shape, weight, eps);
+  return {out, sum, at::Tensor(), rstd};
 }
 
 std::vector<c10::SymInt> saved_normalized_shape(AutogradContext* ctx) {
@@ -85,6 +96,117 @@ std::vector<c10::SymInt> saved_normalized_shape(AutogradContext* ctx) {
 }
 
 Optional optional(const at::Tensor& t) { return t.defined() ? Optional(t) : std::nullopt; }
+
+// The node's outputs: out, then sum (fused add only), then the statistics.
+variable_list norm_outputs(const NormForward& f) {
+  variable_list outputs = {f.out};
+  if (f.sum.defined()) outputs.push_back(f.sum);
+  if (f.mean.defined()) outputs.push_back(f.mean);
+  outputs.push_back(f.rstd);
+  return outputs;
+}
+
+// The edges of a norm's node, in needs_input_grad's numbering (tensor inputs only: input, then residual, weight
+// and bias where given).
+struct NormEdges {
+  size_t input = 0, residual, weight, bias;
+  NormEdges(bool residual_given, bool weight_given) {
+    residual = residual_given ? 1 : 0;
+    weight = residual + 1;
+    bias = weight + (weight_given ? 1 : 0);
+  }
+};
+
+// The gradients a norm node returns, one per forward argument (input, residual, normalized_shape, weight, bias
+// for LayerNorm, eps): input and residual get the same gradient.
+variable_list norm_input_grads(bool add, const at::Tensor& grad_input, const at::Tensor& grad_weight,
+                               const std::optional<at::Tensor>& grad_bias) {
+  variable_list grads = {grad_input, add ? grad_input : at::Tensor(), at::Tensor(), grad_weight};
+  if (grad_bias.has_value()) grads.push_back(*grad_bias);
+  grads.push_back(at::Tensor());
+  return grads;
+}
+
+// LayerNorm of input, or of input + residual (the fused add: add_layer_norm_fwd).
+struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const Optional& residual,
+                               c10::SymIntArrayRef normalized_shape, const Optional& weight, const Optional& bias,
+                               double eps) {
+    const NormForward f = layer_norm_fwd_below_autograd(input, residual, normalized_shape, weight, bias, eps);
+    ctx->saved_data["normalized_shape"] = normalized_shape;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["add"] = defined(residual);
+    ctx->save_for_backward({f.sum.defined() ? f.sum : input, f.mean, f.rstd, weight.value_or(at::Tensor()),
+                            bias.value_or(at::Tensor())});
+    ctx->mark_non_differentiable({f.mean, f.rstd});
+    ctx->set_materialize_grads(false);  // no zero gradients made for the outputs not used
+    return norm_outputs(f);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool add = ctx->saved_data["add"].toBool();
+    const at::Tensor& grad_sum = add ? grads[1] : at::Tensor();
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &normalized = saved[0], &weight = saved[3], &bias = saved[4];
+    if (!grads[0].defined()) return norm_input_grads(add, grad_sum, at::Tensor(), at::Tensor());
+    at::Tensor mean = saved[1], rstd = saved[2];
+    const NormEdges edge(add, weight.defined());
+    const std::array<bool, 3> mask = {
+        ctx->needs_input_grad(edge.input) || (add && ctx->needs_input_grad(edge.residual)),
+        weight.defined() && ctx->needs_input_grad(edge.weight), bias.defined() && ctx->needs_input_grad(edge.bias)};
+    const std::vector<c10::SymInt> normalized_shape = saved_normalized_shape(ctx);
+    if (at::GradMode::is_enabled()) {
+      // create_graph=True: the gradient will be differentiated, and it depends on x through mean and rstd too.
+      std::tie(mean, rstd) = composite::layer_norm_stats(normalized, static_cast<int64_t>(normalized_shape.size()),
+                                                         ctx->saved_data["eps"].toDouble());
+    }
+    auto [grad_input, grad_weight, grad_bias] =
+        op_handle<LayerNormBwd>("reduce::layer_norm_bwd")
+            .call(grads[0].contiguous(), normalized, normalized_shape, mean, rstd, optional(weight), optional(bias),
+                  mask, optional(grad_sum));
+    return norm_input_grads(add, mask[0] ? grad_input : at::Tensor(), mask[1] ? grad_weight : at::Tensor(),
+                            mask[2] ? grad_bias : at::Tensor());
+  }
+};
+
+// RMSNorm of input, or of input + residual (add_rms_norm_fwd); as LayerNormFunction, with rstd alone.
+struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const Optional& residual,
+                               c10::SymIntArrayRef normalized_shape, const Optional& weight,
+                               std::optional<double> eps) {
+    const NormForward f = rms_norm_fwd_below_autograd(input, residual, normalized_shape, weight, eps);
+    ctx->saved_data["normalized_shape"] = normalized_shape;
+    ctx->saved_data["eps"] = norm_eps<RowNorm::Rms>(eps, input.scalar_type(), "reduce::rms_norm_fwd");
+    ctx->saved_data["add"] = defined(residual);
+    ctx->save_for_backward({f.sum.defined() ? f.sum : input, f.rstd, weight.value_or(at::Tensor())});
+    ctx->mark_non_differentiable({f.rstd});
+    ctx->set_materialize_grads(false);
+    return norm_outputs(f);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool add = ctx->saved_data["add"].toBool();
+    const at::Tensor& grad_sum = add ? grads[1] : at::Tensor();
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &normalized = saved[0], &weight = saved[2];
+    if (!grads[0].defined()) return norm_input_grads(add, grad_sum, at::Tensor(), std::nullopt);
+    at::Tensor rstd = saved[1];
+    const NormEdges edge(add, weight.defined());
+    const std::array<bool, 2> mask = {
+        ctx->needs_input_grad(edge.input) || (add && ctx->needs_input_grad(edge.residual)),
+        weight.defined() && ctx->needs_input_grad(edge.weight)};
+    const std::vector<c10::SymInt> normalized_shape = saved_normalized_shape(ctx);
+    if (at::GradMode::is_enabled()) {  // create_graph=True: rstd as a function of x (see LayerNormFunction)
+      rstd = composite::rms_norm_rstd(normalized, static_cast<int64_t>(normalized_shape.size()),
+                                      ctx->saved_data["eps"].toDouble());
+    }
+    auto [grad_input, grad_weight] = op_handle<RmsNormBwd>("reduce::rms_norm_bwd")
+                                         .call(grads[0].contiguous(), normalized, normalized_shape, rstd,
+                                               optional(weight), mask, optional(grad_sum));
+    return norm_input_grads(add, mask[0] ? grad_input : at::Tensor(), mask[1] ? grad_weight : at::Tensor(),
+                            std::nullopt);
+  }
+};
 
 struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, at::OptionalIntArrayRef dim,
@@ -131,69 +253,6 @@ struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
   }
 };
 
-struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                               const Optional& weight, const Optional& bias, double eps) {
-    auto [out, mean, rstd] = layer_norm_fwd_below_autograd(input, normalized_shape, weight, bias, eps);
-    ctx->saved_data["normalized_shape"] = normalized_shape;
-    ctx->saved_data["eps"] = eps;
-    ctx->save_for_backward({input, mean, rstd, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
-    ctx->mark_non_differentiable({mean, rstd});
-    ctx->set_materialize_grads(false);  // no zero gradients made for mean and rstd
-    return {out, mean, rstd};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &input = saved[0], &weight = saved[3], &bias = saved[4];
-    at::Tensor mean = saved[1], rstd = saved[2];
-    // needs_input_grad counts tensor inputs only: input, then weight and bias where given.
-    const size_t weight_edge = 1, bias_edge = weight.defined() ? 2 : 1;
-    const std::array<bool, 3> mask = {ctx->needs_input_grad(0), weight.defined() && ctx->needs_input_grad(weight_edge),
-                                      bias.defined() && ctx->needs_input_grad(bias_edge)};
-    const std::vector<c10::SymInt> normalized_shape = saved_normalized_shape(ctx);
-    if (at::GradMode::is_enabled()) {
-      // create_graph=True: the gradient will be differentiated, and it depends on x through mean and rstd too.
-      std::tie(mean, rstd) = composite::layer_norm_stats(input, static_cast<int64_t>(normalized_shape.size()),
-                                                         ctx->saved_data["eps"].toDouble());
-    }
-    auto [grad_input, grad_weight, grad_bias] = layer_norm_bwd_op().call(
-        grads[0].contiguous(), input, normalized_shape, mean, rstd, optional(weight), optional(bias), mask);
-    return {mask[0] ? grad_input : at::Tensor(), at::Tensor(), mask[1] ? grad_weight : at::Tensor(),
-            mask[2] ? grad_bias : at::Tensor(), at::Tensor()};
-  }
-};
-
-struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                               const Optional& weight, std::optional<double> eps) {
-    auto [out, rstd] = rms_norm_fwd_below_autograd(input, normalized_shape, weight, eps);
-    ctx->saved_data["normalized_shape"] = normalized_shape;
-    ctx->saved_data["eps"] = norm_eps<RowNorm::Rms>(eps, input.scalar_type(), "reduce::rms_norm_fwd");
-    ctx->save_for_backward({input, rstd, weight.value_or(at::Tensor())});
-    ctx->mark_non_differentiable({rstd});
-    ctx->set_materialize_grads(false);
-    return {out, rstd};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &input = saved[0], &weight = saved[2];
-    at::Tensor rstd = saved[1];
-    const std::array<bool, 2> mask = {ctx->needs_input_grad(0), weight.defined() && ctx->needs_input_grad(1)};
-    const std::vector<c10::SymInt> normalized_shape = saved_normalized_shape(ctx);
-    if (at::GradMode::is_enabled()) {  // create_graph=True: rstd as a function of x (see LayerNormFunction)
-      rstd = composite::rms_norm_rstd(input, static_cast<int64_t>(normalized_shape.size()),
-                                      ctx->saved_data["eps"].toDouble());
-    }
-    auto [grad_input, grad_weight] =
-        rms_norm_bwd_op().call(grads[0].contiguous(), input, normalized_shape, rstd, optional(weight), mask);
-    return {mask[0] ? grad_input : at::Tensor(), at::Tensor(), mask[1] ? grad_weight : at::Tensor(), at::Tensor()};
-  }
-};
-
 std::tuple<at::Tensor, at::Tensor> var_mean_autograd(const at::Tensor& input, at::OptionalIntArrayRef dim,
                                                      const std::optional<at::Scalar>& correction, bool keepdim) {
   if (needs_composite(input)) return composite::var_mean(input, dim, correction, keepdim);
@@ -206,39 +265,76 @@ Tensor3 layer_norm_fwd_autograd(const at::Tensor& input, c10::SymIntArrayRef nor
                                 const Optional& bias, double eps) {
   if (needs_composite(input, weight, bias)) return composite::layer_norm_fwd(input, normalized_shape, weight, bias, eps);
   if (!records_grad(input, weight, bias)) {
-    return layer_norm_fwd_below_autograd(input, normalized_shape, weight, bias, eps);
+    const NormForward f = layer_norm_fwd_below_autograd(input, std::nullopt, normalized_shape, weight, bias, eps);
+    return {f.out, f.mean, f.rstd};
   }
-  const variable_list out = LayerNormFunction::apply(input, normalized_shape, weight, bias, eps);
+  const variable_list out = LayerNormFunction::apply(input, std::nullopt, normalized_shape, weight, bias, eps);
   return {out[0], out[1], out[2]};
+}
+
+Tensor4 add_layer_norm_fwd_autograd(const at::Tensor& input, const at::Tensor& residual,
+                                    c10::SymIntArrayRef normalized_shape, const Optional& weight, const Optional& bias,
+                                    double eps) {
+  if (needs_composite(input, residual, weight, bias)) {
+    return composite::add_layer_norm_fwd(input, residual, normalized_shape, weight, bias, eps);
+  }
+  if (!records_grad(input, residual, weight, bias)) {
+    const NormForward f = layer_norm_fwd_below_autograd(input, residual, normalized_shape, weight, bias, eps);
+    return {f.out, f.sum, f.mean, f.rstd};
+  }
+  const variable_list out = LayerNormFunction::apply(input, residual, normalized_shape, weight, bias, eps);
+  return {out[0], out[1], out[2], out[3]};
 }
 
 Tensor3 layer_norm_bwd_autograd(const at::Tensor& grad_out, const at::Tensor& input,
                                 c10::SymIntArrayRef normalized_shape, const at::Tensor& mean, const at::Tensor& rstd,
-                                const Optional& weight, const Optional& bias, std::array<bool, 3> output_mask) {
-  if (needs_composite(grad_out, input, mean, rstd, weight, bias) ||
-      records_grad(grad_out, input, mean, rstd, weight, bias)) {
-    return composite::layer_norm_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+                                const Optional& weight, const Optional& bias, std::array<bool, 3> output_mask,
+                                const Optional& grad_sum) {
+  if (needs_composite(grad_out, input, mean, rstd, weight, bias, grad_sum) ||
+      records_grad(grad_out, input, mean, rstd, weight, bias, grad_sum)) {
+    return composite::layer_norm_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask,
+                                     grad_sum);
   }
-  return call_below_autograd(layer_norm_bwd_op(), grad_out, input, normalized_shape, mean, rstd, weight, bias,
-                             output_mask);
+  return call_below_autograd(op_handle<LayerNormBwd>("reduce::layer_norm_bwd"), grad_out, input, normalized_shape,
+                             mean, rstd, weight, bias, output_mask, grad_sum);
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_autograd(const at::Tensor& input,
                                                          c10::SymIntArrayRef normalized_shape, const Optional& weight,
                                                          std::optional<double> eps) {
   if (needs_composite(input, weight)) return composite::rms_norm_fwd(input, normalized_shape, weight, eps);
-  if (!records_grad(input, weight)) return rms_norm_fwd_below_autograd(input, normalized_shape, weight, eps);
-  const variable_list out = RmsNormFunction::apply(input, normalized_shape, weight, eps);
+  if (!records_grad(input, weight)) {
+    const NormForward f = rms_norm_fwd_below_autograd(input, std::nullopt, normalized_shape, weight, eps);
+    return {f.out, f.rstd};
+  }
+  const variable_list out = RmsNormFunction::apply(input, std::nullopt, normalized_shape, weight, eps);
   return {out[0], out[1]};
+}
+
+Tensor3 add_rms_norm_fwd_autograd(const at::Tensor& input, const at::Tensor& residual,
+                                  c10::SymIntArrayRef normalized_shape, const Optional& weight,
+                                  std::optional<double> eps) {
+  if (needs_composite(input, residual, weight)) {
+    return composite::add_rms_norm_fwd(input, residual, normalized_shape, weight, eps);
+  }
+  if (!records_grad(input, residual, weight)) {
+    const NormForward f = rms_norm_fwd_below_autograd(input, residual, normalized_shape, weight, eps);
+    return {f.out, f.sum, f.rstd};
+  }
+  const variable_list out = RmsNormFunction::apply(input, residual, normalized_shape, weight, eps);
+  return {out[0], out[1], out[2]};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_autograd(const at::Tensor& grad_out, const at::Tensor& input,
                                                          c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
-                                                         const Optional& weight, std::array<bool, 2> output_mask) {
-  if (needs_composite(grad_out, input, rstd, weight) || records_grad(grad_out, input, rstd, weight)) {
-    return composite::rms_norm_bwd(grad_out, input, normalized_shape, rstd, weight, output_mask);
+                                                         const Optional& weight, std::array<bool, 2> output_mask,
+                                                         const Optional& grad_sum) {
+  if (needs_composite(grad_out, input, rstd, weight, grad_sum) ||
+      records_grad(grad_out, input, rstd, weight, grad_sum)) {
+    return composite::rms_norm_bwd(grad_out, input, normalized_shape, rstd, weight, output_mask, grad_sum);
   }
-  return call_below_autograd(rms_norm_bwd_op(), grad_out, input, normalized_shape, rstd, weight, output_mask);
+  return call_below_autograd(op_handle<RmsNormBwd>("reduce::rms_norm_bwd"), grad_out, input, normalized_shape, rstd,
+                             weight, output_mask, grad_sum);
 }
 
 }  // namespace
@@ -246,6 +342,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_autograd(const at::Tensor& grad_
 TORCH_LIBRARY_IMPL(reduce, Autograd, m) {
   m.impl("rms_norm_fwd", &rms_norm_fwd_autograd);
   m.impl("rms_norm_bwd", &rms_norm_bwd_autograd);
+  m.impl("add_layer_norm_fwd", &add_layer_norm_fwd_autograd);
+  m.impl("add_rms_norm_fwd", &add_rms_norm_fwd_autograd);
   m.impl("var_mean", &var_mean_autograd);
   m.impl("layer_norm_fwd", &layer_norm_fwd_autograd);
   m.impl("layer_norm_bwd", &layer_norm_bwd_autograd);

@@ -28,12 +28,20 @@ TORCH_LIBRARY(reduce, m) {
   // gradient not in output_mask, or of an absent weight/bias, is an empty tensor.
   m.def("layer_norm_fwd(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
         "-> (Tensor, Tensor, Tensor)");
+  // grad_sum (the fused add's backward, below): added to grad_input.
   m.def("layer_norm_bwd(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, "
-        "Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+        "Tensor? weight, Tensor? bias, bool[3] output_mask, Tensor? grad_sum=None) -> (Tensor, Tensor, Tensor)");
   // RMSNorm (F.rms_norm) over the trailing normalized_shape dims: out and per-row 1/sqrt(mean(x^2) + eps), in
   // the statistics' dtype as LayerNorm's; eps None is the accumulate type's machine epsilon, as torch's.
   // rms_norm_bwd returns (grad_input, grad_weight), empty where not in output_mask or without a weight.
   m.def("rms_norm_fwd(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor)");
   m.def("rms_norm_bwd(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, "
-        "bool[2] output_mask) -> (Tensor, Tensor)");
+        "bool[2] output_mask, Tensor? grad_sum=None) -> (Tensor, Tensor)");
+  // Residual add fused into the norm: (out, sum = input + residual, statistics), one read of each input. Their
+  // backward is the norm's backward of sum, with grad_sum, the gradient of sum's other uses, added to
+  // grad_input: the gradient of input and of residual alike.
+  m.def("add_layer_norm_fwd(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight, "
+        "Tensor? bias, float eps) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("add_rms_norm_fwd(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight, float? eps) "
+        "-> (Tensor, Tensor, Tensor)");
 }

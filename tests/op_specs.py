@@ -170,6 +170,22 @@ def rms_norm_samples(device, dtype, requires_grad):
     yield (t((3, 257)), (257,), weight((257,))), {}
 
 
+# The residual of each fused add + norm sample: contiguous, or (the first input's rows in turn) misaligned and
+# transposed, so that a kernel reading the two inputs with different layouts is tested.
+RESIDUAL_LAYOUTS = ("contiguous", "offset", "transposed")
+
+
+def with_residual(norm_samples):
+    """A norm's samples with a residual of the input's shape after the input: the add + norm's samples."""
+    def samples(device, dtype, requires_grad):
+        for i, (args, kwargs) in enumerate(norm_samples(device, dtype, requires_grad)):
+            x = args[0]
+            layout = RESIDUAL_LAYOUTS[i % len(RESIDUAL_LAYOUTS)]
+            yield (x, make(x.shape, device, x.dtype, requires_grad, layout), *args[1:]), kwargs
+
+    return samples
+
+
 def describe(args, kwargs) -> str:
     """A sample in one line: tensors as dtype[shape] (with 'view' when non-contiguous), the rest as given."""
     def one(a):
@@ -404,6 +420,21 @@ def rms_norm_error_inputs(device):
                      "expected a float32", ours_only=True)
 
 
+def add_norm_error_inputs(device):
+    x, w = torch.randn(4, 6, device=device), torch.ones(6, device=device)
+    # torch's x + r broadcasts and promotes; ours takes the input's shape and dtype alone.
+    yield ErrorInput((x, torch.randn(1, 6, device=device), (6,)), {}, RuntimeError,
+                     "residual must have the input's shape", ours_only=True)
+    yield ErrorInput((x, x.double(), (6,)), {}, RuntimeError, "residual must have the input's shape",
+                     ours_only=True)
+    yield ErrorInput((x, x, (5,)), {}, match="does not match the input's trailing dims", error=RuntimeError,
+                     ours_message=True)
+    yield ErrorInput((x, x, (6,), torch.ones(5, device=device)), {}, match="weight must have shape",
+                     error=RuntimeError, ours_message=True)
+    yield ErrorInput((x, x, (6,), w), {"eps": -1.0}, RuntimeError, "eps must be non-negative", ours_only=True)
+    yield ErrorInput((x.int(), x.int(), (6,)), {}, RuntimeError, "expected a float32", ours_only=True)
+
+
 def like_torch_error_inputs(name):
     """Errors with torch's own type and first line of message (match=None)."""
     def errors(device):
@@ -491,6 +522,14 @@ def rms_norm_multi_block_inputs(device):
         yield (x, (width,), torch.randn(width, device=device).mul_(0.3).add_(1).to(dtype)), {}
 
 
+def add_norm_multi_block_inputs(norm_inputs):
+    def samples(device):
+        for args, kwargs in norm_inputs(device):
+            yield (args[0], torch.randn_like(args[0]), *args[1:]), kwargs
+
+    return samples
+
+
 def large_inputs(name):
     """More than 2^31 elements: int8 where the result is exact (sums, extremes, products of +-1), 16-bit floats
     otherwise; rows whose elements lie past 2^31 need 64-bit offsets."""
@@ -507,10 +546,12 @@ def large_inputs(name):
             yield ((x,) if name == "prod" else (x, None if name == "sum" else ())), {}
             return
         rows, width = 2**21 + 1, 1024  # 2^31 + 1024 elements
-        dtype = torch.bfloat16 if name in ("layer_norm", "rms_norm") else torch.float16
+        norms = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
+        dtype = torch.bfloat16 if name in norms else torch.float16
         x = torch.empty(rows, width, device=device, dtype=dtype).normal_()
-        if name in ("layer_norm", "rms_norm"):
-            yield (x, (width,), torch.randn(width, device=device, dtype=dtype)), {}
+        if name in norms:
+            residual = (torch.empty_like(x).normal_(),) if name.startswith("add_") else ()
+            yield (x, *residual, (width,), torch.randn(width, device=device, dtype=dtype)), {}
         elif name == "vector_norm":
             yield (x, 2, -1), {}
             yield (x, 2), {}
@@ -541,6 +582,16 @@ def _torch_prod(input, dim=None, keepdim=False, *, dtype=None):
     return out.reshape([1] * input.dim()) if keepdim else out
 
 
+def _torch_add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+    total = input + residual
+    return F.layer_norm(total, normalized_shape, weight, bias, eps), total
+
+
+def _torch_add_rms_norm(input, residual, normalized_shape, weight=None, eps=None):
+    total = input + residual
+    return F.rms_norm(total, normalized_shape, weight, eps), total
+
+
 SPECS: list[OpSpec] = [_ladder_spec(v) for v in torch_reduce.LADDER] + [
     OpSpec(name, getattr(torch_reduce, name), getattr(torch, name), reduction_samples(name),
            reduction_reference_inputs(name), reduction_error_inputs(name), reduction_multi_block_inputs(name),
@@ -553,6 +604,12 @@ SPECS: list[OpSpec] = [_ladder_spec(v) for v in torch_reduce.LADDER] + [
            layer_norm_error_inputs, layer_norm_multi_block_inputs, large_inputs("layer_norm")),
     OpSpec("rms_norm", torch_reduce.rms_norm, F.rms_norm, rms_norm_samples, rms_norm_reference_inputs,
            rms_norm_error_inputs, rms_norm_multi_block_inputs, large_inputs("rms_norm")),
+    OpSpec("add_layer_norm", torch_reduce.add_layer_norm, _torch_add_layer_norm, with_residual(layer_norm_samples),
+           with_residual(layer_norm_reference_inputs), add_norm_error_inputs,
+           add_norm_multi_block_inputs(layer_norm_multi_block_inputs), large_inputs("add_layer_norm")),
+    OpSpec("add_rms_norm", torch_reduce.add_rms_norm, _torch_add_rms_norm, with_residual(rms_norm_samples),
+           with_residual(rms_norm_reference_inputs), add_norm_error_inputs,
+           add_norm_multi_block_inputs(rms_norm_multi_block_inputs), large_inputs("add_rms_norm")),
     OpSpec("prod", torch_reduce.prod, _torch_prod, prod_samples, prod_reference_inputs,
            like_torch_error_inputs("prod"), reduction_multi_block_inputs("prod"), large_inputs("prod")),
     OpSpec("vector_norm", torch_reduce.vector_norm, torch.linalg.vector_norm, vector_norm_samples,

@@ -10,9 +10,9 @@ from . import _C  # noqa: F401  registers torch.ops.reduce
 from . import ops  # noqa: F401  fake kernels (autograd and autocast are registered in C++)
 from . import nn  # noqa: F401
 from . import distributed  # noqa: F401  (torch.distributed need not be initialised; arms the DTensor rules)
-from .functional import layer_norm, rms_norm, var_mean  # noqa: F401
+from .functional import add_layer_norm, add_rms_norm, layer_norm, rms_norm, var_mean  # noqa: F401
 from .ladder import LADDER, Variant  # noqa: F401
 from .reductions import amax, amin, mean, prod, sum, vector_norm  # noqa: A004  (torch's names, on purpose)
 
 __all__ = ["LADDER", "Variant", "sum", "mean", "amax", "amin", "prod", "vector_norm", "var_mean", "layer_norm",
-           "rms_norm", "nn", "distributed"]
+           "rms_norm", "add_layer_norm", "add_rms_norm", "nn", "distributed"]

@@ -1,4 +1,5 @@
-"""var_mean, layer_norm and rms_norm with torch's signatures, on torch.ops.reduce (differentiable, torch.compile-able)."""
+"""var_mean, layer_norm and rms_norm with torch's signatures, and the fused residual adds add_layer_norm and
+add_rms_norm, on torch.ops.reduce (differentiable, torch.compile-able)."""
 from __future__ import annotations
 
 from numbers import Number
@@ -49,3 +50,22 @@ def rms_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], w
     float16/bfloat16 input (mixed precision): the output keeps the input's dtype, weight's gradient is float32."""
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     return torch.ops.reduce.rms_norm_fwd.default(input, shape, weight, eps)[0]
+
+
+def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
+                   weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                   eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F.layer_norm(input + residual, ...), input + residual) in one pass: each input read once, both results
+    written once; the backward is fused too. input and residual have one shape and dtype (no broadcasting)."""
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    out, total, _, _ = torch.ops.reduce.add_layer_norm_fwd.default(input, residual, shape, weight, bias, eps)
+    return out, total
+
+
+def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
+                 weight: Optional[torch.Tensor] = None,
+                 eps: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F.rms_norm(input + residual, ...), input + residual) in one pass, as add_layer_norm."""
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    out, total, _ = torch.ops.reduce.add_rms_norm_fwd.default(input, residual, shape, weight, eps)
+    return out, total

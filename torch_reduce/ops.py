@@ -284,20 +284,28 @@ def _layer_norm_fwd_fake(input, normalized_shape, weight, bias, eps):
             input.new_empty(stat_shape, dtype=stat_dtype))
 
 
+def _check_like_input(op, name, t, input):
+    """check_residual / check_grad_sum / the backward's grad_out check: the input's shape, dtype and device."""
+    _check_device(op, name, t, input)
+    if t.shape != input.shape or t.dtype != input.dtype:
+        raise RuntimeError(f"{op}: {name} must have the input's shape {list(input.shape)} and dtype "
+                           f"{_c10_name(input.dtype)}, got {list(t.shape)} and {_c10_name(t.dtype)}")
+
+
 @torch.library.register_fake("reduce::layer_norm_bwd")
-def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask, grad_sum=None):
     op = "reduce::layer_norm_bwd"
     param_dtype = _layer_norm_param_dtype(op, input, normalized_shape, weight, bias)
-    for name, t in (("grad_out", grad_out), ("mean", mean), ("rstd", rstd)):
+    for name, t in (("mean", mean), ("rstd", rstd)):
         _check_device(op, name, t, input)
-    if grad_out.shape != input.shape or grad_out.dtype != input.dtype:
-        raise RuntimeError(f"{op}: grad_out must have the input's shape {list(input.shape)} and dtype "
-                           f"{_c10_name(input.dtype)}, got {list(grad_out.shape)} and {_c10_name(grad_out.dtype)}")
+    _check_like_input(op, "grad_out", grad_out, input)
     rows = math.prod(input.shape[:input.dim() - len(normalized_shape)])
     stat_dtype = _stat_dtype(input.dtype)
     if mean.numel() != rows or rstd.numel() != rows or mean.dtype != stat_dtype or rstd.dtype != stat_dtype:
         raise RuntimeError(f"{op}: mean and rstd must be layer_norm_fwd's ({rows} elements of "
                            f"{_c10_name(stat_dtype)})")
+    if grad_sum is not None:
+        _check_like_input(op, "grad_sum", grad_sum, input)
 
     def grad_like(wanted, t, dtype):  # a gradient not asked for (or of an absent weight/bias) is an empty tensor
         return input.new_empty(t.shape, dtype=dtype) if wanted and t is not None else input.new_empty((0,))
@@ -320,19 +328,42 @@ def _rms_norm_fwd_fake(input, normalized_shape, weight, eps=None):
 
 
 @torch.library.register_fake("reduce::rms_norm_bwd")
-def _rms_norm_bwd_fake(grad_out, input, normalized_shape, rstd, weight, output_mask):
+def _rms_norm_bwd_fake(grad_out, input, normalized_shape, rstd, weight, output_mask, grad_sum=None):
     op = "reduce::rms_norm_bwd"
     param_dtype = _layer_norm_param_dtype(op, input, normalized_shape, weight, None)
-    for name, t in (("grad_out", grad_out), ("rstd", rstd)):
-        _check_device(op, name, t, input)
-    if grad_out.shape != input.shape or grad_out.dtype != input.dtype:
-        raise RuntimeError(f"{op}: grad_out must have the input's shape {list(input.shape)} and dtype "
-                           f"{_c10_name(input.dtype)}, got {list(grad_out.shape)} and {_c10_name(grad_out.dtype)}")
+    _check_device(op, "rstd", rstd, input)
+    _check_like_input(op, "grad_out", grad_out, input)
     rows = math.prod(input.shape[:input.dim() - len(normalized_shape)])
     stat_dtype = _stat_dtype(input.dtype)
     if rstd.numel() != rows or rstd.dtype != stat_dtype:
         raise RuntimeError(f"{op}: rstd must be rms_norm_fwd's ({rows} elements of {_c10_name(stat_dtype)})")
+    if grad_sum is not None:
+        _check_like_input(op, "grad_sum", grad_sum, input)
     grad_input = input.new_empty(input.shape) if output_mask[0] else input.new_empty((0,))
     grad_weight = input.new_empty(weight.shape, dtype=param_dtype) if output_mask[1] and weight is not None \
         else input.new_empty((0,))
     return grad_input, grad_weight
+
+
+# ------------------------------------------------------------------------------- fused residual add + norm ----
+
+@torch.library.register_fake("reduce::add_layer_norm_fwd")
+def _add_layer_norm_fwd_fake(input, residual, normalized_shape, weight, bias, eps):
+    op = "reduce::add_layer_norm_fwd"
+    _layer_norm_param_dtype(op, input, normalized_shape, weight, bias)
+    _check_like_input(op, "residual", residual, input)
+    if eps < 0:
+        raise RuntimeError(f"{op}: eps must be non-negative, got {eps:g}")
+    out, mean, rstd = _layer_norm_fwd_fake(input, normalized_shape, weight, bias, eps)
+    return out, input.new_empty(input.shape), mean, rstd
+
+
+@torch.library.register_fake("reduce::add_rms_norm_fwd")
+def _add_rms_norm_fwd_fake(input, residual, normalized_shape, weight, eps=None):
+    op = "reduce::add_rms_norm_fwd"
+    _layer_norm_param_dtype(op, input, normalized_shape, weight, None)
+    _check_like_input(op, "residual", residual, input)
+    if eps is not None and eps < 0:
+        raise RuntimeError(f"{op}: eps must be non-negative, got {eps:g}")
+    out, rstd = _rms_norm_fwd_fake(input, normalized_shape, weight, eps)
+    return out, input.new_empty(input.shape), rstd

@@ -80,25 +80,28 @@ double run_sum_squares(const scalar_t* x, int64_t n) {
   return squares;
 }
 
-// The forward of either norm (csrc/layernorm.h, RowNorm): mean undefined for RMSNorm.
+// The forward of either norm (csrc/layernorm.h, RowNorm) of input, or of input + residual (residual defined):
+// mean undefined for RMSNorm, sum for no residual.
 template <RowNorm kNorm>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_fwd(const at::Tensor& input,
-                                                            c10::SymIntArrayRef normalized_shape,
-                                                            const std::optional<at::Tensor>& weight,
-                                                            const std::optional<at::Tensor>& bias,
-                                                            std::optional<double> eps_arg) {
-  constexpr const char* op = kForwardName<kNorm>;
+NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c10::SymIntArrayRef normalized_shape,
+                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                         std::optional<double> eps_arg) {
+  const char* op = forward_name<kNorm>(residual.defined());
   TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ",
               input.device());
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
+  if (residual.defined()) check_residual(input, residual, op);
   const double eps = norm_eps<kNorm>(eps_arg, input.scalar_type(), op);
-  const at::Tensor x = input.contiguous(), w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
+  // The sum is torch's own add (the CPU kernels are the reference: its rounding, exactly).
+  const at::Tensor sum = residual.defined() ? at::add(input, residual).contiguous() : at::Tensor();
+  const at::Tensor x = sum.defined() ? sum : input.contiguous();
+  const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
   at::Tensor out = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
   const auto stat_options = input.options().dtype(stat_scalar_type(input.scalar_type()));
   at::Tensor rstd = at::empty(s.stat_shape, stat_options);
   at::Tensor mean = kNorm == RowNorm::Layer ? at::empty(s.stat_shape, stat_options) : at::Tensor();
   const int64_t cols = s.cols;
-  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
+  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), "reduce::row_norm_fwd", [&] {
     with_param_type<scalar_t>(s.param_type, [&](auto param) {
       using param_t = decltype(param);
       using stat_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
@@ -130,21 +133,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_fwd(const at::Tensor& in
       });
     });
   });
-  return {out, mean, rstd};
+  return {out, sum, mean, rstd};
 }
 
-// The backward of either norm; mean (and bias) undefined for RMSNorm, whose xhat is x * rstd.
+// The backward of either norm; mean (and bias) undefined for RMSNorm, whose xhat is x * rstd; grad_sum (may be
+// undefined) added to grad_input.
 template <RowNorm kNorm>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
     const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
     const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask, const at::Tensor& grad_sum) {
   constexpr const char* op = kBackwardName<kNorm>;
   TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ",
               input.device());
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
   check_norm_bwd(grad_out, input, mean, rstd, s, op);
+  check_grad_sum(grad_sum, input, op);
   const at::Tensor x = input.contiguous(), dy = grad_out.contiguous(), w = contiguous_or_undefined(weight);
+  const at::Tensor gsum = grad_sum.defined() ? grad_sum.contiguous() : at::Tensor();
   const at::Tensor m = mean.defined() ? mean.contiguous() : at::Tensor(), rs = rstd.contiguous();
   auto [grad_input, grad_weight, grad_bias] = layer_norm_grads(input, weight, bias, output_mask, s);
   const int64_t rows = s.rows, cols = s.cols;
@@ -158,6 +164,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
       const param_t* wp = data_or_null<param_t>(w);
       const stat_t* mp = m.defined() ? m.const_data_ptr<stat_t>() : nullptr;
       const stat_t* rp = rs.const_data_ptr<stat_t>();
+      const scalar_t* gsp = gsum.defined() ? gsum.const_data_ptr<scalar_t>() : nullptr;
       const auto row_mean = [&](int64_t r) { return kLayer ? static_cast<double>(mp[r]) : 0.0; };
       if (grad_input.numel() > 0) {
         scalar_t* dxp = grad_input.mutable_data_ptr<scalar_t>();
@@ -175,7 +182,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
             for (int64_t j = 0; j < cols; ++j) {
               const double g = static_cast<double>(dyp[r * cols + j]) * (wp ? static_cast<double>(wp[j]) : 1.0);
               const double xhat = (static_cast<double>(xp[r * cols + j]) - mu) * rstd_r;
-              dxp[r * cols + j] = static_cast<scalar_t>(rstd_r * (g - mean_g - xhat * sum_gx / cols));
+              const double extra = gsp ? static_cast<double>(gsp[r * cols + j]) : 0.0;
+              dxp[r * cols + j] = static_cast<scalar_t>(rstd_r * (g - mean_g - xhat * sum_gx / cols) + extra);
             }
           }
         });
@@ -209,32 +217,51 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tens
                                                                   c10::SymIntArrayRef normalized_shape,
                                                                   const std::optional<at::Tensor>& weight,
                                                                   const std::optional<at::Tensor>& bias, double eps) {
-  return row_norm_fwd<RowNorm::Layer>(input, normalized_shape, weight, bias, eps);
+  const NormForward f = row_norm_fwd<RowNorm::Layer>(input, at::Tensor(), normalized_shape, weight, bias, eps);
+  return {f.out, f.mean, f.rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
     const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
     const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
-  return row_norm_bwd<RowNorm::Layer>(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask,
+    const std::optional<at::Tensor>& grad_sum) {
+  return row_norm_bwd<RowNorm::Layer>(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask,
+                                      grad_sum.value_or(at::Tensor()));
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cpu(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                                                     const std::optional<at::Tensor>& weight,
                                                     std::optional<double> eps) {
-  auto [out, mean, rstd] =
-      row_norm_fwd<RowNorm::Rms>(input, normalized_shape, weight, std::nullopt, eps);
-  return {out, rstd};
+  const NormForward f = row_norm_fwd<RowNorm::Rms>(input, at::Tensor(), normalized_shape, weight, std::nullopt, eps);
+  return {f.out, f.rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cpu(const at::Tensor& grad_out, const at::Tensor& input,
                                                     c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
                                                     const std::optional<at::Tensor>& weight,
-                                                    std::array<bool, 2> output_mask) {
+                                                    std::array<bool, 2> output_mask,
+                                                    const std::optional<at::Tensor>& grad_sum) {
   auto [grad_input, grad_weight, unused] =
       row_norm_bwd<RowNorm::Rms>(grad_out, input, normalized_shape, at::Tensor(), rstd, weight, std::nullopt,
-                                 {output_mask[0], output_mask[1], false});
+                                 {output_mask[0], output_mask[1], false}, grad_sum.value_or(at::Tensor()));
   return {grad_input, grad_weight};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_fwd_cpu(
+    const at::Tensor& input, const at::Tensor& residual, c10::SymIntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  const NormForward f = row_norm_fwd<RowNorm::Layer>(input, residual, normalized_shape, weight, bias, eps);
+  return {f.out, f.sum, f.mean, f.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd_cpu(const at::Tensor& input,
+                                                                    const at::Tensor& residual,
+                                                                    c10::SymIntArrayRef normalized_shape,
+                                                                    const std::optional<at::Tensor>& weight,
+                                                                    std::optional<double> eps) {
+  const NormForward f = row_norm_fwd<RowNorm::Rms>(input, residual, normalized_shape, weight, std::nullopt, eps);
+  return {f.out, f.sum, f.rstd};
 }
 
 }  // namespace
@@ -245,6 +272,8 @@ TORCH_LIBRARY_IMPL(reduce, CPU, m) {
   m.impl("layer_norm_bwd", &layer_norm_bwd_cpu);
   m.impl("rms_norm_fwd", &rms_norm_fwd_cpu);
   m.impl("rms_norm_bwd", &rms_norm_bwd_cpu);
+  m.impl("add_layer_norm_fwd", &add_layer_norm_fwd_cpu);
+  m.impl("add_rms_norm_fwd", &add_rms_norm_fwd_cpu);
 }
 
 }  // namespace torch_reduce::cpu

@@ -3,8 +3,10 @@
 //   RMSNorm:   grad_input = rstd * (g - xhat * mean(g * xhat)),            xhat = x * rstd;
 //   grad_weight (and LayerNorm's grad_bias) = column sums of dy * xhat (and dy), without float atomics: a
 //   resident grid of blocks walks the rows, each block sums its rows' columns into one partial row, and
-//   column_fold_kernel folds the partials in a fixed order (the same bits on every run). x and dy are read once: 3 x N elements of traffic
-//   (torch reads them twice, once for grad_input and once for the column sums).
+//   column_fold_kernel folds the partials in a fixed order (the same bits on every run). x and dy are read
+//   once: 3 x N elements of traffic (torch reads them twice, once for grad_input and once for the column sums).
+//   A fused add + norm's backward passes grad_sum, the gradient of the sum's other uses, which is added to
+//   grad_input as it is stored.
 // Row kernel (16-byte aligned rows): thread t of a row's group owns the same columns in every row it visits
 // (row_layout.cuh), so its column sums stay in registers, two accumulators an element, from the first row to
 // the last. Where a row's x and dy are between the two passes (RowSource):
@@ -71,8 +73,9 @@ template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int IT
 __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
     row_norm_bwd_rows_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
                                const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
-                               const param_t* __restrict__ weight, scalar_t* __restrict__ grad_in, int64_t rows,
-                               int64_t cols, acc_t* __restrict__ partials) {
+                               const param_t* __restrict__ weight, const scalar_t* __restrict__ grad_sum,
+                               scalar_t* __restrict__ grad_in, int64_t rows, int64_t cols,
+                               acc_t* __restrict__ partials) {
   using V = Vec16<scalar_t>;
   constexpr int kSize = V::kSize;
   constexpr unsigned kGroups = BLOCK / GROUP;
@@ -139,14 +142,17 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
     }
     const acc_t mean_g = kLayer ? sums.first * inv_cols : acc_t(0), mean_gx = sums.second * inv_cols;
     visit_row(true, [&](int k, int64_t i, const V& xv, const V& dv, const acc_t(&wv)[kSize]) {
-      V o;
+      V o, gs = {};
+      if (grad_sum != nullptr && grad_in != nullptr) {
+        gs = load_vector(reinterpret_cast<const V*>(grad_sum + row * cols) + i);
+      }
 #pragma unroll
       for (int e = 0; e < kSize; ++e) {
         const acc_t d = static_cast<acc_t>(dv.value[e]), xhat = (static_cast<acc_t>(xv.value[e]) - mu) * rs;
         const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
         dw[k][e] += d * xhat;
         if (kLayer) db[k][e] += d;
-        o.value[e] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx));
+        o.value[e] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx) + static_cast<acc_t>(gs.value[e]));
       }
       if (grad_in != nullptr) store_vector(reinterpret_cast<V*>(grad_in + row * cols) + i, o);
     });
@@ -182,8 +188,9 @@ template <RowNorm kNorm, unsigned GROUP, unsigned BLOCK, typename scalar_t, type
 __global__ void __launch_bounds__(BLOCK)
     row_norm_bwd_streaming_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
                                     const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
-                                    const param_t* __restrict__ weight, scalar_t* __restrict__ grad_in, int64_t rows,
-                                    int64_t cols, acc_t* __restrict__ column_scratch, acc_t* __restrict__ partials) {
+                                    const param_t* __restrict__ weight, const scalar_t* __restrict__ grad_sum,
+                                    scalar_t* __restrict__ grad_in, int64_t rows, int64_t cols,
+                                    acc_t* __restrict__ column_scratch, acc_t* __restrict__ partials) {
   constexpr unsigned kGroups = BLOCK / GROUP;
   constexpr bool kLayer = kNorm == RowNorm::Layer;
   extern __shared__ __align__(16) unsigned char shared_columns[];
@@ -220,7 +227,10 @@ __global__ void __launch_bounds__(BLOCK)
         weight_sums[j] += d * xhat;
         if (kLayer) bias_sums[j] += d;
       }
-      if (grad_in != nullptr) grad_in[row * cols + j] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx));
+      if (grad_in != nullptr) {
+        const acc_t extra = grad_sum != nullptr ? static_cast<acc_t>(grad_sum[row * cols + j]) : acc_t(0);
+        grad_in[row * cols + j] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx) + extra);
+      }
     }
   }
   if (column_sums) {
@@ -256,20 +266,22 @@ __global__ void __launch_bounds__(Tuning::kFoldTile * Tuning::kFoldLanes)
   }
 }
 
-// The backward of either norm; `mean` is undefined for RMSNorm, and so is `bias`.
+// The backward of either norm; `mean` is undefined for RMSNorm, and so is `bias`; grad_sum may be undefined.
 template <RowNorm kNorm>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
     const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
     const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask, const at::Tensor& grad_sum) {
   constexpr const char* op = kBackwardName<kNorm>;
   TORCH_CHECK(input.is_cuda(), op, ": expected every tensor on one CUDA device, got the input on ", input.device());
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
   check_norm_bwd(grad_out, input, mean, rstd, s, op);
+  check_grad_sum(grad_sum, input, op);
   const c10::cuda::CUDAGuard guard(input.device());
   check_kernel_image_for_current_device();
   const at::Tensor x = input.contiguous(), dy = grad_out.contiguous(), rs = rstd.contiguous();
   const at::Tensor m = mean.defined() ? mean.contiguous() : at::Tensor();
+  const at::Tensor gsum = grad_sum.defined() ? grad_sum.contiguous() : at::Tensor();
   const at::Tensor w = defined(weight) ? weight->contiguous() : at::Tensor();
   auto [grad_input, grad_weight, grad_bias] = layer_norm_grads(input, weight, bias, output_mask, s);
   const int64_t rows = s.rows, cols = s.cols;
@@ -293,7 +305,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         const param_t* wp = w.defined() ? w.const_data_ptr<param_t>() : nullptr;
         scalar_t* dxp = grad_input.numel() > 0 ? grad_input.mutable_data_ptr<scalar_t>() : nullptr;
         const acc_t *mp = m.defined() ? m.const_data_ptr<acc_t>() : nullptr, *rp = rs.const_data_ptr<acc_t>();
-        const bool aligned = aligned16(xp) && aligned16(dyp) && aligned16(wp) && aligned16(dxp);
+        const scalar_t* gsp = gsum.defined() ? gsum.const_data_ptr<scalar_t>() : nullptr;
+        const bool aligned = aligned16(xp) && aligned16(dyp) && aligned16(wp) && aligned16(dxp) && aligned16(gsp);
         // A resident grid, so each block's partial covers many rows; it depends on the shape and the GPU alone,
         // so the column sums are the same bits on every run.
         at::Tensor partials;
@@ -311,7 +324,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
           const size_t shared_bytes = kBlock == kGroup ? 0 : (kBlock / kGroup) * slots * sizeof(acc_t);
           acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
           partial_vectors = cols / Vec16<scalar_t>::kSize;
-          kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, dxp, rows, cols, partial_ptr);
+          kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols, partial_ptr);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         };
         using Held = std::integral_constant<RowSource, RowSource::Held>;
@@ -353,7 +366,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
               scratch = at::empty({grid, column_bytes / int64_t{sizeof(acc_t)}}, stat_options);
             }
             acc_t* scratch_ptr = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
-            kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, dxp, rows, cols, scratch_ptr,
+            kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols, scratch_ptr,
                                                            partial_ptr);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           };
@@ -387,17 +400,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
     const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
-  return row_norm_bwd<RowNorm::Layer>(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask,
+    const std::optional<at::Tensor>& grad_sum) {
+  return row_norm_bwd<RowNorm::Layer>(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask,
+                                      grad_sum.value_or(at::Tensor()));
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& grad_out, const at::Tensor& input,
                                                      c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
                                                      const std::optional<at::Tensor>& weight,
-                                                     std::array<bool, 2> output_mask) {
+                                                     std::array<bool, 2> output_mask,
+                                                     const std::optional<at::Tensor>& grad_sum) {
   auto [grad_input, grad_weight, unused] =
       row_norm_bwd<RowNorm::Rms>(grad_out, input, normalized_shape, at::Tensor(), rstd, weight, std::nullopt,
-                                 {output_mask[0], output_mask[1], false});
+                                 {output_mask[0], output_mask[1], false}, grad_sum.value_or(at::Tensor()));
   return {grad_input, grad_weight};
 }
 

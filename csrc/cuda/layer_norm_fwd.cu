@@ -2,7 +2,9 @@
 // row_layout.cuh's machinery (the row stays in registers between the statistics and the normalization, so x
 // is read once), then y = (x - mean) * rstd * weight + bias (RMSNorm: x * rstd * weight), stored with
 // 16-byte vectors. weight and bias have the input's dtype or are float32 beside a 16-bit input (param_t);
-// mean and rstd are kept in float32 (float64 for a float64 input) for the backward.
+// mean and rstd are kept in float32 (float64 for a float64 input) for the backward. With a residual
+// (add_layer_norm, add_rms_norm), the row normalized is x + residual, rounded to the input's dtype as torch's
+// add rounds it and stored as `sum`: one read of each input, two writes.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -30,15 +32,31 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t v) {
 template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t,
           typename param_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
-    row_norm_fwd_kernel(const scalar_t* __restrict__ in, const param_t* __restrict__ weight,
-                        const param_t* __restrict__ bias, scalar_t* __restrict__ out, acc_t* __restrict__ mean_out,
+    row_norm_fwd_kernel(const scalar_t* __restrict__ in, const scalar_t* __restrict__ residual,
+                        const param_t* __restrict__ weight, const param_t* __restrict__ bias,
+                        scalar_t* __restrict__ out, scalar_t* __restrict__ sum_out, acc_t* __restrict__ mean_out,
                         acc_t* __restrict__ rstd_out, int64_t rows, int64_t cols, acc_t eps) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
   if (row >= rows) return;
   const unsigned t = threadIdx.x % GROUP;
   const scalar_t* x = in + row * cols;
   constexpr int kItems = Tuning::kItems;
+  const int64_t vectors = cols / Vec16<scalar_t>::kSize;
   RowRegisters<scalar_t, kItems> regs;
+  if constexpr (kInRegisters) load_row<GROUP>(regs, x, vectors, t);
+  if (residual != nullptr) {  // the row is x + residual from here on
+    scalar_t* sum = sum_out + row * cols;
+    if constexpr (kInRegisters) {
+      add_residual<GROUP, acc_t>(regs, residual + row * cols, sum, vectors, t);
+    } else {
+      const scalar_t* r = residual + row * cols;
+      for (int64_t j = t; j < cols; j += GROUP) {
+        sum[j] = static_cast<scalar_t>(static_cast<acc_t>(x[j]) + static_cast<acc_t>(r[j]));
+      }
+      group_sync<GROUP>();  // the group's sums are written before any thread reads them back
+    }
+    x = sum;
+  }
   acc_t mean = 0, rstd;
   if constexpr (kNorm == RowNorm::Layer) {
     const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(
@@ -65,7 +83,6 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   scalar_t* y = out + row * cols;
   if constexpr (kInRegisters) {
     using V = Vec16<scalar_t>;
-    const int64_t vectors = cols / V::kSize;
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
       const int64_t i = t + static_cast<int64_t>(k) * GROUP;
@@ -87,41 +104,47 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   }
 }
 
-// The forward of either norm: out, and the statistics (mean: LayerNorm only) in the accumulate type.
+// The forward of either norm, of input or (residual defined) of input + residual: out, the sum (residual
+// defined; else undefined), and the statistics (mean: LayerNorm only) in the accumulate type.
 template <RowNorm kNorm>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_fwd(const at::Tensor& input,
-                                                            c10::SymIntArrayRef normalized_shape,
-                                                            const std::optional<at::Tensor>& weight,
-                                                            const std::optional<at::Tensor>& bias,
-                                                            std::optional<double> eps_arg) {
-  constexpr const char* op = kForwardName<kNorm>;
+NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c10::SymIntArrayRef normalized_shape,
+                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                         std::optional<double> eps_arg) {
+  const char* op = forward_name<kNorm>(residual.defined());
   TORCH_CHECK(input.is_cuda(), op, ": expected every tensor on one CUDA device, got the input on ", input.device());
   const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
+  if (residual.defined()) check_residual(input, residual, op);
   const double eps = norm_eps<kNorm>(eps_arg, input.scalar_type(), op);
   const c10::cuda::CUDAGuard guard(input.device());
   check_kernel_image_for_current_device();
   const at::Tensor x = input.contiguous();
+  const at::Tensor r = residual.defined() ? residual.contiguous() : at::Tensor();
   const at::Tensor w = defined(weight) ? weight->contiguous() : at::Tensor();
   const at::Tensor b = defined(bias) ? bias->contiguous() : at::Tensor();
-  at::Tensor out = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
+  const auto dense = input.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor out = at::empty(input.sizes(), dense);
+  at::Tensor sum = residual.defined() ? at::empty(input.sizes(), dense) : at::Tensor();
   const auto stat_options = input.options().dtype(stat_scalar_type(input.scalar_type()));
   at::Tensor rstd = at::empty(s.stat_shape, stat_options);
   at::Tensor mean = kNorm == RowNorm::Layer ? at::empty(s.stat_shape, stat_options) : at::Tensor();
   if (s.rows == 0 || s.cols == 0) {  // statistics of empty rows: NaN, as torch's
     if (mean.defined()) mean.fill_(NAN);
-    return {out, mean, rstd.fill_(NAN)};
+    return {out, sum, mean, rstd.fill_(NAN)};
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
+  TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), "reduce::row_norm_fwd", [&] {
     with_param_type<scalar_t>(s.param_type, [&](auto param) {
       using param_t = decltype(param);
       using acc_t = acc_type<scalar_t>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      const scalar_t* rp = r.defined() ? r.const_data_ptr<scalar_t>() : nullptr;
       const param_t* wp = w.defined() ? w.const_data_ptr<param_t>() : nullptr;
       const param_t* bp = b.defined() ? b.const_data_ptr<param_t>() : nullptr;
       scalar_t* yp = out.mutable_data_ptr<scalar_t>();
+      scalar_t* sp = sum.defined() ? sum.mutable_data_ptr<scalar_t>() : nullptr;
       acc_t* mp = mean.defined() ? mean.mutable_data_ptr<acc_t>() : nullptr;
-      const bool aligned = aligned16(xp) && aligned16(wp) && aligned16(bp) && aligned16(yp);
+      const bool aligned = aligned16(xp) && aligned16(rp) && aligned16(wp) && aligned16(bp) && aligned16(yp) &&
+                           aligned16(sp);
       with_tuning([&](auto tuning) {
         using Tuning = decltype(tuning);
         with_row_layout<Tuning, scalar_t, Tuning::kItems, Tuning::kMinRowBlock>(
@@ -129,28 +152,46 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_fwd(const at::Tensor& in
             [&](auto group, auto block, auto in_registers, int64_t grid) {
           row_norm_fwd_kernel<Tuning, kNorm, decltype(group)::value, decltype(block)::value,
                               decltype(in_registers)::value, scalar_t, param_t, acc_t>
-              <<<grid, decltype(block)::value, 0, stream>>>(xp, wp, bp, yp, mp, rstd.mutable_data_ptr<acc_t>(),
-                                                            s.rows, s.cols, static_cast<acc_t>(eps));
+              <<<grid, decltype(block)::value, 0, stream>>>(xp, rp, wp, bp, yp, sp, mp,
+                                                            rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols,
+                                                            static_cast<acc_t>(eps));
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
       });
     });
   });
-  return {out, mean, rstd};
+  return {out, sum, mean, rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& input,
                                                                    c10::SymIntArrayRef normalized_shape,
                                                                    const std::optional<at::Tensor>& weight,
                                                                    const std::optional<at::Tensor>& bias, double eps) {
-  return row_norm_fwd<RowNorm::Layer>(input, normalized_shape, weight, bias, eps);
+  const NormForward f = row_norm_fwd<RowNorm::Layer>(input, at::Tensor(), normalized_shape, weight, bias, eps);
+  return {f.out, f.mean, f.rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                                                      const std::optional<at::Tensor>& weight,
                                                      std::optional<double> eps) {
-  auto [out, mean, rstd] = row_norm_fwd<RowNorm::Rms>(input, normalized_shape, weight, std::nullopt, eps);
-  return {out, rstd};
+  const NormForward f = row_norm_fwd<RowNorm::Rms>(input, at::Tensor(), normalized_shape, weight, std::nullopt, eps);
+  return {f.out, f.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_fwd_cuda(
+    const at::Tensor& input, const at::Tensor& residual, c10::SymIntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  const NormForward f = row_norm_fwd<RowNorm::Layer>(input, residual, normalized_shape, weight, bias, eps);
+  return {f.out, f.sum, f.mean, f.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd_cuda(const at::Tensor& input,
+                                                                     const at::Tensor& residual,
+                                                                     c10::SymIntArrayRef normalized_shape,
+                                                                     const std::optional<at::Tensor>& weight,
+                                                                     std::optional<double> eps) {
+  const NormForward f = row_norm_fwd<RowNorm::Rms>(input, residual, normalized_shape, weight, std::nullopt, eps);
+  return {f.out, f.sum, f.rstd};
 }
 
 }  // namespace
@@ -158,6 +199,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& input, c1
 TORCH_LIBRARY_IMPL(reduce, CUDA, m) {
   m.impl("layer_norm_fwd", &layer_norm_fwd_cuda);
   m.impl("rms_norm_fwd", &rms_norm_fwd_cuda);
+  m.impl("add_layer_norm_fwd", &add_layer_norm_fwd_cuda);
+  m.impl("add_rms_norm_fwd", &add_rms_norm_fwd_cuda);
 }
 
 }  // namespace torch_reduce::cuda

@@ -94,8 +94,39 @@ __device__ __forceinline__ void load_row(RowRegisters<scalar_t, ITEMS>& regs, co
   }
 }
 
-// A thread's statistics of its share of row[0, cols): from registers (loaded here, two passes), or
-// streamed through thread_reduce with the Welford op. The first pass sums x - x0 (x0: the thread's first
+// The fused residual add of add_layer_norm / add_rms_norm on a thread's vectors of a row in registers:
+// regs = x + residual, rounded to scalar_t as torch's x + r rounds it, and stored to `sum`.
+template <unsigned GROUP, typename acc_t, typename scalar_t, int ITEMS>
+__device__ __forceinline__ void add_residual(RowRegisters<scalar_t, ITEMS>& regs, const scalar_t* residual,
+                                             scalar_t* sum, int64_t vectors, unsigned t) {
+  using V = Vec16<scalar_t>;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t i = t + static_cast<int64_t>(k) * GROUP;
+    if (i >= vectors) continue;
+    const V r = load_vector(reinterpret_cast<const V*>(residual) + i);
+#pragma unroll
+    for (int e = 0; e < V::kSize; ++e) {
+      regs.v[k].value[e] = static_cast<scalar_t>(static_cast<acc_t>(regs.v[k].value[e]) +
+                                                 static_cast<acc_t>(r.value[e]));
+    }
+    store_vector(reinterpret_cast<V*>(sum) + i, regs.v[k]);
+  }
+}
+
+// Every thread of a GROUP-thread group (a warp or the whole block) waits for the others; their global and
+// shared memory writes before it are visible to the group after it.
+template <unsigned GROUP>
+__device__ __forceinline__ void group_sync() {
+  if constexpr (GROUP == kWarpSize) {
+    __syncwarp();
+  } else {
+    __syncthreads();
+  }
+}
+
+// A thread's statistics of its share of row[0, cols): from registers (which the caller has loaded with
+// load_row; two passes), or streamed through thread_reduce with the Welford op. The first pass sums x - x0 (x0: the thread's first
 // element), not x: a float32 sum of a few values near 3e38 overflows to inf (then NaN statistics), and a
 // shifted sum keeps a constant row's mean exact, so its variance is exactly 0 (as torch's Welford gives).
 template <unsigned GROUP, bool kInRegisters, typename acc_t, typename scalar_t, int ITEMS>
@@ -104,7 +135,6 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
   if constexpr (kInRegisters) {
     constexpr int kSize = Vec16<scalar_t>::kSize;
     const int64_t vectors = cols / kSize;
-    load_row<GROUP>(regs, row, vectors, t);
     if (t >= vectors) return WelfordOp<acc_t>::identity();
     const acc_t x0 = static_cast<acc_t>(regs.v[0].value[0]);
     acc_t shifted = 0;
@@ -136,15 +166,14 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
   }
 }
 
-// A thread's sum of squares of its share of row[0, cols) (RMSNorm's statistic), from registers (loaded here)
-// or streamed through thread_reduce.
+// A thread's sum of squares of its share of row[0, cols) (RMSNorm's statistic), from registers (loaded by the
+// caller) or streamed through thread_reduce.
 template <unsigned GROUP, bool kInRegisters, typename acc_t, typename scalar_t, int ITEMS>
 __device__ __forceinline__ acc_t thread_sum_squares(const scalar_t* row, int64_t cols, unsigned t,
                                                     RowRegisters<scalar_t, ITEMS>& regs) {
   if constexpr (kInRegisters) {
     constexpr int kSize = Vec16<scalar_t>::kSize;
     const int64_t vectors = cols / kSize;
-    load_row<GROUP>(regs, row, vectors, t);
     acc_t squares = 0;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {

@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   if (row >= rows) return;  // whole warps only: a block-wide group always has its row
   const unsigned t = threadIdx.x % GROUP;
   RowRegisters<scalar_t, Tuning::kItems> regs;
+  if constexpr (kInRegisters) load_row<GROUP>(regs, in + row * cols, cols / Vec16<scalar_t>::kSize, t);
   const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(
       thread_stats<GROUP, kInRegisters, acc_t>(in + row * cols, cols, t, regs), WelfordOp<acc_t>());
   if (t == 0) {

@@ -1,4 +1,4 @@
-"""``python -m torch_reduce.bench [--quick] [--sections ladder,dropin,dims,layernorm,rmsnorm] [--out DIR]``
+"""``python -m torch_reduce.bench [--quick] [--sections ladder,dropin,dims,layernorm,rmsnorm,addnorm] [--out DIR]``
 
 On a GPU: every section's timings, printed as tables and written as JSON, Markdown and PNG plots under
 benchmarks/results/<gpu>/. Without a GPU: the CPU kernels on a small input, and a plain statement that
@@ -16,7 +16,7 @@ import torch
 
 from .context import Context, gpu_slug
 
-SECTIONS = ("ladder", "dropin", "dims", "layernorm", "rmsnorm")
+SECTIONS = ("ladder", "dropin", "dims", "layernorm", "rmsnorm", "addnorm")
 
 
 def cpu_smoke() -> str:

@@ -109,6 +109,13 @@ TARGETS = {
                                  _numel_from_2_24)],
     ("rms_norm", "fwd_bwd"): [Target("graph >= 1.3x torch", "graph_vs_torch", 1.3)],
 }
+# The fused residual adds (addnorm.py): against torch's x + r, then the norm.
+for _op in ("add_layer_norm", "add_rms_norm"):
+    for _mode in ("fwd", "fwd_bwd"):
+        TARGETS[(_op, _mode)] = [Target("graph >= 1.5x torch", "graph_vs_torch", 1.5),
+                                 Target("graph >= 85% of line (N >= 2^24)", "ours_pct_of_line", 85.0, "%",
+                                        _numel_from_2_24)]
+    TARGETS[(_op, "bwd")] = []
 
 
 class Sample(NamedTuple):
