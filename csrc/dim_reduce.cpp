@@ -236,6 +236,8 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
     for (int64_t d = 0; d < ndim; ++d) reduce_mask.set(d);
   } else {
     reduce_mask = at::dim_list_to_bitset(*call.dim, ndim);  // wraps negative dims; raises on repeats and range
+    // A 0-dim tensor's dim 0 (or -1) is the tensor itself, not the pair dim of a complex one's real view.
+    if (ndim == 0) reduce_mask.reset();
   }
   check_empty_vector_norm(r, self, call);
 
@@ -286,7 +288,7 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
     const ReduceProblem stage = problem_of(source, runs, at);
     kind.stage = kind.stage == Stage::Whole ? Stage::First : Stage::Middle;
     at::Tensor partial = at::empty({stage.outer * stage.inner},
-                                   input.options().dtype(accumulate_type(input.scalar_type())));
+                                   input.options().dtype(accumulate_type(r, input.scalar_type())));
     launch(kind, stage, partial);
     source = partial;
     std::vector<Run> remaining;

@@ -108,8 +108,8 @@ struct ReduceProblem {
 // Which launch of a reduction: Whole, the only one; or a stage of a reduction whose reduced dims lie apart in
 // memory (NCHW over (0, 2, 3): BatchNorm's statistics), read in place one reduced run at a time instead of
 // copied: First folds elements into accumulators (the ops' transform, no project), Middle folds
-// accumulators, Last folds them and projects. Stages write acc_type, so their inputs after the first are
-// float, double or int64.
+// accumulators, Last folds them and projects. Stages write the accumulate type (accumulate_type), so their
+// inputs after the first are float, double, int64 or uint64.
 enum class Stage { Whole, First, Middle, Last };
 
 // What the launcher is asked to compute: the row's reduction, its parameter (vector_norm's ord), the count
@@ -121,10 +121,26 @@ struct ReduceKind {
   Stage stage;
 };
 
-// The dtype of acc_type (common/dispatch.h): a split reduction's intermediates.
-inline at::ScalarType accumulate_type(at::ScalarType t) {
+// What a reduction accumulates a scalar_t in: acc_type (common/dispatch.h), except that prod multiplies
+// float32 in float64. In float32, (1 + a)(1 + b) = 1 + (a + b) + ab of two factors near 1 rounds only its
+// small term ab, most often under half an ulp: the rounding is biased down (-0.02 ulp a product), and the
+// lowest levels of a tree are all such products, so 2^22 factors 1 +- 0.001 drifted 3.6e-3 from the exact
+// product (torch: 1e-5 - 1.2e-4). In float64 a product of two floats is exact and the rest stays far below
+// float32's last bit: the exact product rounded once, in any fold order. The whole-tensor kernel keeps its 32
+// registers (sm_90), so full occupancy and the grid the CPU model replays. 16-bit inputs keep float32, torch's
+// accumulate type for them: their float64 fold takes 37-38 registers, fewer blocks than the model's grid.
+template <typename scalar_t>
+using prod_acc_t = std::conditional_t<std::is_same_v<scalar_t, float>, double, acc_type<scalar_t>>;
+
+// The accumulate type of an ops object (its identity's type).
+template <typename Ops>
+using ops_acc_t = std::decay_t<decltype(Ops::identity())>;
+
+// The dtype of a reduction's accumulate type: a split reduction's intermediates.
+inline at::ScalarType accumulate_type(Reduction r, at::ScalarType t) {
   if (t == at::kDouble || t == at::kUInt64) return t;
-  return at::isFloatingType(t) ? at::kFloat : at::kLong;
+  if (!at::isFloatingType(t)) return at::kLong;
+  return r == Reduction::Prod && t == at::kFloat ? at::kDouble : at::kFloat;
 }
 
 // Writes the reduction of `problem` into `out`: B * N contiguous elements of kernel_result_type().
@@ -167,8 +183,8 @@ using kernel_out_t = std::conditional_t<!std::is_floating_point_v<acc_type<scala
                                              std::is_same_v<Ops, ProdOp<acc_type<scalar_t>>>),
                                         int64_t, scalar_t>;
 
-// Calls f(ops) with the ops object of `kind` over acc_type<scalar_t>; mean divides by kind.count.
-// mean and the norms are only reached for floating inputs (reduce_dims checks).
+// Calls f(ops) with the ops object of `kind` over acc_type<scalar_t> (prod: prod_acc_t); mean divides by
+// kind.count. mean and the norms are only reached for floating inputs (reduce_dims checks).
 template <typename scalar_t, typename F>
 void with_reduce_ops(const ReduceKind& kind, F&& f) {
   using acc_t = acc_type<scalar_t>;
@@ -176,7 +192,7 @@ void with_reduce_ops(const ReduceKind& kind, F&& f) {
     case Reduction::Sum: return f(SumOp<acc_t>());
     case Reduction::Amax: return f(MaxOp<acc_t>());
     case Reduction::Amin: return f(MinOp<acc_t>());
-    case Reduction::Prod: return f(ProdOp<acc_t>());
+    case Reduction::Prod: return f(ProdOp<prod_acc_t<scalar_t>>());
     case Reduction::Mean:
     case Reduction::VectorNorm:
       if constexpr (std::is_floating_point_v<acc_t>) {
@@ -205,9 +221,9 @@ struct TypeTag {  // a type as a value (C++20's std::type_identity; torch 2.11 e
 
 template <typename scalar_t, typename F>
 void with_stage_ops(const ReduceKind& kind, F&& f) {
-  using acc_t = acc_type<scalar_t>;
   with_reduce_ops<scalar_t>(kind, [&](auto ops) {
     using Ops = decltype(ops);
+    using acc_t = ops_acc_t<Ops>;
     switch (kind.stage) {
       case Stage::Whole: return f(ops, TypeTag<kernel_out_t<scalar_t, Ops>>(), std::true_type());
       case Stage::First: return f(unprojected(ops), TypeTag<acc_t>(), std::false_type());

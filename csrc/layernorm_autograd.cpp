@@ -1,7 +1,8 @@
 // Autograd for var_mean and the fused LayerNorm and RMSNorm, in C++ like the sums' (csrc/dim_reduce_autograd.cpp):
 // a Python autograd kernel costs microseconds on every call, most of a small LayerNorm's time.
 //   var_mean:       d var/dx = 2 (x - mean) / (N - correction), d mean/dx = 1 / N (N: elements per output),
-//                   in differentiable ops (double backward through the saved mean, an output of the node);
+//                   in differentiable ops (double backward through the saved mean, an output of the node),
+//                   with torch's var_backward's edges (see VarMeanFunction::backward);
 //   layer_norm_fwd: reduce::layer_norm_bwd from the saved input, mean and rstd; mean and rstd are statistics
 //                   kept for the backward, not results to differentiate;
 //   layer_norm_bwd: our kernel when its result is not differentiated (an ordinary backward); the composite
@@ -12,6 +13,8 @@
 // Transforms and forward-mode AD take the composite path (composite.h).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+
+#include <limits>
 
 #include "autograd_util.h"
 #include "composite.h"
@@ -210,6 +213,7 @@ struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
                                const std::optional<at::Scalar>& correction, bool keepdim) {
     auto [var, mean] = var_mean_below_autograd(input, dim, correction, keepdim);
     save_dims(ctx, input, dim, keepdim);
+    ctx->saved_data["all_dims"] = input.dim() == 0 || !dim.has_value() || dim->empty();
     ctx->saved_data["correction"] = correction_value(correction);
     ctx->save_for_backward({input, mean});
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: no zeros to add
@@ -225,10 +229,20 @@ struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
     for (int64_t d : dims) count = count * input.sym_size(d);
     at::Tensor grad;
     if (grads[0].defined()) {
-      const c10::SymFloat divisor =
-          (c10::SymFloat(count) - c10::SymFloat(ctx->saved_data["correction"].toDouble())).max(c10::SymFloat(0.0));
-      grad = restore_reduced_dims(grads[0], dims, keepdim) * 2 *
-             (input - restore_reduced_dims(saved[1], dims, keepdim)) / c10::Scalar(divisor);
+      // torch's var_backward, term for term: 2 / (N - correction), unclamped (the forward's max(0, ...) is not
+      // differentiated), so a correction above N gives a finite gradient; but over every dim (dim None or
+      // empty, or a 0-dim input) N - correction <= 0 gives inf, NaN where x equals torch's mean (recomputed,
+      // as torch does, so the same elements tie). torch takes dim=[] as N = 1 here, not the N its forward
+      // divides by; we keep the forward's.
+      const at::Tensor grad_var = restore_reduced_dims(grads[0], dims, keepdim);
+      const c10::SymFloat dof = c10::SymFloat(count) - c10::SymFloat(ctx->saved_data["correction"].toDouble());
+      if (ctx->saved_data["all_dims"].toBool() && dof <= c10::SymFloat(0.0)) {
+        grad = grad_var * at::where(input == input.mean(), std::numeric_limits<double>::quiet_NaN(),
+                                    std::numeric_limits<double>::infinity());
+      } else {
+        const at::Tensor mean = restore_reduced_dims(saved[1], dims, keepdim);
+        grad = c10::Scalar(c10::SymFloat(2.0) / dof) * grad_var * (input - mean);
+      }
     }
     if (grads[1].defined()) {
       const at::Tensor from_mean = (restore_reduced_dims(grads[1], dims, keepdim) / c10::Scalar(count))

@@ -343,13 +343,12 @@ def vector_norm_reference_inputs(device, dtype, requires_grad):
 
 def ladder_error_inputs(device):
     x = torch.randn(8, device=device)
-    # The fake kernels (meta) accept these three: torch.compile finds them only when the graph runs.
-    yield ErrorInput((x.to(torch.complex64),), {}, RuntimeError, "unsupported dtype", ours_only=True, meta=False)
-    yield ErrorInput((torch.ones(8, dtype=torch.uint16, device=device),), {}, RuntimeError, "unsupported dtype",
-                     ours_only=True, meta=False)
+    for dtype in (torch.complex64, torch.complex128, torch.uint16, torch.uint32, torch.uint64):
+        yield ErrorInput((torch.ones(8, dtype=dtype).to(device),), {}, RuntimeError, "unsupported dtype",
+                         ours_only=True)
     for block in (0, 16, 48, 100, 2048, -256):
         yield ErrorInput((x,), {"block_size": block}, RuntimeError, r"power of two in \[32, 1024\]",
-                         ours_only=True, meta=False)
+                         ours_only=True)
     # Depending on the torch version the dispatcher refuses a sparse tensor, or the op's own check does.
     yield ErrorInput((x.to_sparse(),), {}, (NotImplementedError, RuntimeError), "(?i)sparse", ours_only=True,
                      meta=False)
@@ -386,9 +385,9 @@ def var_mean_error_inputs(device):
     yield ErrorInput((torch.arange(10, device=device),), {}, RuntimeError, "floating point")
     yield ErrorInput((x, 2), {}, IndexError, "out of range")
     yield ErrorInput((x, (1, -1)), {}, RuntimeError, "appears multiple times")
-    # torch takes complex inputs; ours names the dtypes it takes. The fake kernel accepts complex.
-    yield ErrorInput((x.to(torch.complex64),), {}, RuntimeError, "floating point dtypes", ours_only=True,
-                     meta=False)
+    # torch takes complex inputs; ours names the dtypes it takes.
+    for dtype in (torch.complex64, torch.complex128):
+        yield ErrorInput((x.to(dtype),), {}, RuntimeError, "floating point dtypes", ours_only=True)
 
 
 def layer_norm_error_inputs(device):

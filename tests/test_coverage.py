@@ -233,6 +233,21 @@ def test_complex_sum_mean(name, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["sum", "mean"])
+def test_complex_scalar_over_its_dim(name, device):
+    """A 0-dim complex tensor (or a real one with a complex dtype=) over dim 0 or -1, the tensor itself: its
+    value, as torch gives it (this raised: the dim was taken for the pair dim of its (real, imaginary) view)."""
+    for x, kwargs in [(torch.tensor(1 + 2j, device=device), {}), (torch.tensor(3.0, device=device),
+                                                                  {"dtype": torch.complex64})]:
+        for dim in (0, -1, (0,)):
+            for keepdim in (False, True):
+                got = ours(name)(x, dim, keepdim, **kwargs)
+                want = torch_op(name)(x, dim, keepdim, **kwargs)
+                assert got.shape == want.shape and got.dtype == want.dtype, (x, dim, keepdim)
+                torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_complex_int_mean_dtype(device):
     i = torch.randint(-50, 50, (5, 8), device=device)
     assert torch.equal(torch_reduce.mean(i, 1, dtype=torch.complex128).cpu(),
@@ -350,6 +365,51 @@ def test_sparse_fake_kernel_raises_the_same():
     with pytest.raises(NotImplementedError) as real:
         torch_reduce.sum(s)
     assert str(fake.value) == str(real.value).split("\n")[0]
+
+
+# ------------------------------------------------------------------------------- fake kernels ----
+
+EVERY_DTYPE = FLOAT_DTYPES + [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool] + \
+    WIDE_UNSIGNED + [torch.complex32] + COMPLEX + [torch.float8_e4m3fn]
+
+
+def first_line_or_shapes(fn, *args, **kwargs):
+    """What a call gives: its outputs' shapes and dtypes, or its exception's type and first line."""
+    try:
+        out = fn(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001
+        return type(error).__name__, (str(error).strip().splitlines() or [""])[0]
+    return [(tuple(t.shape), t.dtype) for t in (out if isinstance(out, (tuple, list)) else (out,))]
+
+
+def test_fake_kernels_agree_with_the_real_ones():
+    """Every op on every dtype, 0-dim, empty and 2-D inputs, dims in and out of range, repeated, and dtype=:
+    the fake kernel (the call on meta tensors) gives the real kernel's shapes and dtypes, or raises its
+    exception in its words."""
+    ops = torch.ops.reduce
+    calls = []
+    for dtype in EVERY_DTYPE:
+        for shape in [(), (0, 3), (3, 4)]:
+            x = torch.zeros(shape).to(dtype) if dtype != torch.float8_e4m3fn else torch.zeros(shape, dtype=dtype)
+            for block_size in (256, 100, 2048):
+                calls.append((ops.sum_vec, (x,), {"block_size": block_size}))
+            for dim in (None, [], [0], [-1], [1, -1], [2]):
+                calls.append((ops.var_mean, (x, dim), {"correction": 2.5, "keepdim": True}))
+                if dim is not None:
+                    calls += [(ops.amax, (x, dim, True), {}), (ops.amin, (x, dim, False), {})]
+                for out in (None, torch.float32, torch.int64, torch.uint16, torch.complex64):
+                    calls += [(getattr(ops, name), (x, dim, False), {"dtype": out}) for name in ("sum", "mean", "prod")]
+                    calls.append((ops.vector_norm, (x, 0.5, dim, True), {"dtype": out}))
+    disagree = []
+    for op, args, kwargs in calls:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # casts of complex values to real
+            real = first_line_or_shapes(op, *args, **kwargs)
+            fake = first_line_or_shapes(op, *[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args],
+                                        **kwargs)
+        if fake != real:
+            disagree.append(f"{op}({args[0].dtype}, {args[1:]}, {kwargs}): {real} on the CPU, {fake} on meta")
+    assert not disagree, f"{len(disagree)} of {len(calls)} calls:\n" + "\n".join(disagree[:20])
 
 
 # -------------------------------------------------------------------------------------------- out= ----

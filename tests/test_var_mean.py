@@ -103,3 +103,41 @@ def test_gradcheck_of_one_output(device, dim, keepdim):
     x = torch.randn(3, 4, 5, device=device, dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(lambda t: torch_reduce.var_mean(t, dim, correction=0, keepdim=keepdim)[0], (x,))
     torch.autograd.gradcheck(lambda t: torch_reduce.var_mean(t, dim, keepdim=keepdim)[1], (x,))
+
+
+def var_mean_derivatives(fn, x, dim, correction, keepdim, outputs):
+    """The first derivative of var_mean's `outputs` ("var", "mean" or both) at x for random cotangents, and
+    the second: the first's derivatives with respect to x and to the cotangents."""
+    x = x.detach().clone().requires_grad_()
+    results = dict(zip(("var", "mean"), fn(x, dim, correction=correction, keepdim=keepdim)))
+    gen = torch.Generator().manual_seed(1)
+    cotangents = [torch.randn(results[o].shape, generator=gen, dtype=x.dtype).to(x.device).requires_grad_()
+                  for o in outputs]
+    (first,) = torch.autograd.grad([results[o] for o in outputs], x, cotangents, create_graph=True)
+    direction = torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+    second = torch.autograd.grad(first, [x] + cotangents, direction, allow_unused=True, materialize_grads=True)
+    return [first.detach()] + [s.detach() for s in second]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim,keepdim", [(None, False), ((), False), (-1, False), (-1, True), ((0, 2), False),
+                                         ((0, 1, 2), True)], ids=str)
+@pytest.mark.parametrize("correction", [0, 1, 2.5, 4, 6, 8, 9.5, 24, 24.5, 30], ids=str)
+def test_derivatives_as_torch(device, dim, keepdim, correction):
+    """First and second derivatives against torch's in float64, N - correction of every sign (N = 4, 8 or 24
+    elements per output). torch's var_backward divides by N - correction unclamped: a correction above N gives
+    a finite gradient, one equal to N inf (NaN where x equals the mean); over every dim (dim None or ()) any
+    N - correction <= 0 gives inf, NaN where x equals the mean. torch takes dim=() as N = 1 in its backward,
+    not the N its forward divides by; ours is then its dim=None's."""
+    random = torch.randn(2, 3, 4, dtype=torch.float64, device=device)
+    random[1, 2] = 0.75  # a constant row: x equals its mean there
+    halves = torch.arange(24, dtype=torch.float64, device=device) - 11.5
+    halves[11] = halves[12] = 0  # the mean, 0, is exact and two elements equal it
+    theirs_dim = None if dim == () else dim
+    for x in (random, halves.view(2, 3, 4)):
+        for outputs in (("var", "mean"), ("var",), ("mean",)):
+            got = var_mean_derivatives(torch_reduce.var_mean, x, dim, correction, keepdim, outputs)
+            want = var_mean_derivatives(torch.var_mean, x, theirs_dim, correction, keepdim, outputs)
+            for g, w, what in zip(got, want, ("d/dx", "d2/dx2", "d2/dx d(cotangent)", "d2/dx d(cotangent 2)")):
+                torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, equal_nan=True,
+                                           msg=lambda m: f"{outputs} {what}: {m}")

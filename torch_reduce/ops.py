@@ -18,16 +18,6 @@ def _sum_result_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype.is_floating_point else torch.int64
 
 
-def _register_ladder_fake(name: str) -> None:
-    @torch.library.register_fake(f"reduce::{name}")
-    def _fake(t, block_size=256):
-        return t.new_empty((), dtype=_sum_result_dtype(t.dtype))
-
-
-for _variant in LADDER:
-    _register_ladder_fake(_variant.name)
-
-
 # ------------------------------------------------------------------------------ the dim reductions ----
 # The mirror of csrc/dim_reduce.h's table (TORCH_REDUCE_DIM_REDUCTIONS): one row per op, its signature the
 # same as there. Each row gets a fake kernel here and a wrapper in reductions.py; the fake kernels raise what
@@ -57,7 +47,7 @@ DIM_REDUCTIONS = [
 _C10_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", torch.int32: "Int",
               torch.int64: "Long", torch.bool: "Bool", torch.float32: "Float", torch.float64: "Double",
               torch.float16: "Half", torch.bfloat16: "BFloat16", torch.uint16: "UInt16", torch.uint32: "UInt32",
-              torch.uint64: "UInt64", torch.complex64: "ComplexFloat",
+              torch.uint64: "UInt64", torch.complex32: "ComplexHalf", torch.complex64: "ComplexFloat",
               torch.complex128: "ComplexDouble"}  # how torch's messages name dtypes
 _WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)  # sums and products to int64, as the others
 _REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
@@ -66,7 +56,8 @@ _COMPLEX = (torch.complex64, torch.complex128)  # sum and mean
 
 
 def _c10_name(dtype: torch.dtype) -> str:
-    return _C10_NAMES.get(dtype, str(dtype))
+    name = str(dtype).removeprefix("torch.")
+    return _C10_NAMES.get(dtype, name[:1].upper() + name[1:])  # float8_e4m3fn: Float8_e4m3fn
 
 
 def _check_dtype(name: str, dtype: torch.dtype) -> None:
@@ -193,11 +184,44 @@ for _row in DIM_REDUCTIONS:
     _register_reduction_fake(_row)
 
 
+# ---------------------------------------------------------------------------------------- the ladder ----
+# The fake kernels raise what ladder_input (csrc/ladder.cpp) raises, in its order and words.
+
+_LADDER_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
+                  torch.int32, torch.int64, torch.bool)
+
+
+def _register_ladder_fake(name: str) -> None:
+    op = f"reduce::{name}"
+
+    @torch.library.register_fake(op)
+    def _fake(t, block_size=256):
+        if t.dtype not in _LADDER_DTYPES:
+            raise RuntimeError(f"{op}: unsupported dtype {_c10_name(t.dtype)}; expected float32, float64, float16, "
+                               "bfloat16, an integer type (int8..int64, uint8) or bool")
+        if not (32 <= block_size <= 1024 and block_size & (block_size - 1) == 0):
+            raise RuntimeError(f"{op}: block_size must be a power of two in [32, 1024] (the trees halve it down "
+                               f"to one), got {block_size}")
+        return t.new_empty((), dtype=_sum_result_dtype(t.dtype))
+
+
+for _variant in LADDER:
+    _register_ladder_fake(_variant.name)
+
+
 # ------------------------------------------------------------------------------------------------ var_mean ----
+
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)  # var_mean, LayerNorm
+
 
 @torch.library.register_fake("reduce::var_mean")
 def _var_mean_fake(input, dim=None, *, correction=None, keepdim=False):
-    # torch.var_mean's own meta function gives the shape, the dtype and the errors; ours are contiguous.
+    # var_mean_problem's checks (csrc/layernorm.cpp), in its order and words; then torch.var_mean's own meta
+    # function gives the shape; ours are contiguous.
+    if input.dtype not in _FLOATS:
+        raise RuntimeError("reduce::var_mean: std and var only support floating point dtypes (float32, float64, "
+                           f"float16, bfloat16), got {_c10_name(input.dtype)}")
+    _reduced_dims("var_mean", input, dim)  # at::dim_list_to_bitset's words, not torch's meta function's
     var, _ = torch.var_mean(input, dim=dim or None, correction=correction, keepdim=keepdim)
     return input.new_empty(var.shape), input.new_empty(var.shape)
 
@@ -206,8 +230,6 @@ def _var_mean_fake(input, dim=None, *, correction=None, keepdim=False):
 # The fake kernels check what csrc/layernorm.cpp checks (shapes, dtypes, devices), in the same words: a call
 # whose real kernel would raise must raise under torch.compile and on meta tensors too, and a meta weight
 # beside a real input (the dispatcher then picks this kernel) must raise, not return an empty tensor.
-
-_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -223,7 +245,8 @@ def _check_device(op, name, t, input):
 def _layer_norm_param_dtype(op, input, normalized_shape, weight, bias) -> torch.dtype:
     """layer_norm_shape's checks; returns the dtype of weight and bias (and of their gradients)."""
     if input.dtype not in _FLOATS:
-        raise RuntimeError(f"{op}: expected a float32, float64, float16 or bfloat16 input, got {input.dtype}")
+        raise RuntimeError(f"{op}: expected a float32, float64, float16 or bfloat16 input, got "
+                           f"{_c10_name(input.dtype)}")
     if len(normalized_shape) < 1:
         raise RuntimeError(f"{op}: normalized_shape must name at least one dim, got []")
     axis = input.dim() - len(normalized_shape)
@@ -240,10 +263,11 @@ def _layer_norm_param_dtype(op, input, normalized_shape, weight, bias) -> torch.
             raise RuntimeError(f"{op}: {name} must have shape normalized_shape {list(normalized_shape)}, "
                                f"got {list(p.shape)}")
         if not (p.dtype == input.dtype or (half_input and p.dtype == torch.float32)):
-            raise RuntimeError(f"{op}: {name} must have the input's dtype {input.dtype}"
-                               f"{' (or float32: mixed precision)' if half_input else ''}, got {p.dtype}")
+            raise RuntimeError(f"{op}: {name} must have the input's dtype {_c10_name(input.dtype)}"
+                               f"{' (or float32: mixed precision)' if half_input else ''}, got {_c10_name(p.dtype)}")
         if param_dtype is not None and p.dtype != param_dtype:
-            raise RuntimeError(f"{op}: weight and bias must have one dtype, got {param_dtype} and {p.dtype}")
+            raise RuntimeError(f"{op}: weight and bias must have one dtype, got {_c10_name(param_dtype)} and "
+                               f"{_c10_name(p.dtype)}")
         param_dtype = p.dtype
     return param_dtype or input.dtype
 
@@ -252,7 +276,7 @@ def _layer_norm_param_dtype(op, input, normalized_shape, weight, bias) -> torch.
 def _layer_norm_fwd_fake(input, normalized_shape, weight, bias, eps):
     _layer_norm_param_dtype("reduce::layer_norm_fwd", input, normalized_shape, weight, bias)
     if eps < 0:
-        raise RuntimeError(f"reduce::layer_norm_fwd: eps must be non-negative, got {eps}")
+        raise RuntimeError(f"reduce::layer_norm_fwd: eps must be non-negative, got {eps:g}")  # as C++ prints it
     axis = input.dim() - len(normalized_shape)
     stat_shape = list(input.shape[:axis]) + [1] * len(normalized_shape)
     stat_dtype = _stat_dtype(input.dtype)
@@ -264,8 +288,8 @@ def _check_like_input(op, name, t, input):
     """check_residual / check_grad_sum / the backward's grad_out check: the input's shape, dtype and device."""
     _check_device(op, name, t, input)
     if t.shape != input.shape or t.dtype != input.dtype:
-        raise RuntimeError(f"{op}: {name} must have the input's shape {list(input.shape)} and dtype {input.dtype}, "
-                           f"got {list(t.shape)} and {t.dtype}")
+        raise RuntimeError(f"{op}: {name} must have the input's shape {list(input.shape)} and dtype "
+                           f"{_c10_name(input.dtype)}, got {list(t.shape)} and {_c10_name(t.dtype)}")
 
 
 @torch.library.register_fake("reduce::layer_norm_bwd")
@@ -278,7 +302,8 @@ def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, 
     rows = math.prod(input.shape[:input.dim() - len(normalized_shape)])
     stat_dtype = _stat_dtype(input.dtype)
     if mean.numel() != rows or rstd.numel() != rows or mean.dtype != stat_dtype or rstd.dtype != stat_dtype:
-        raise RuntimeError(f"{op}: mean and rstd must be layer_norm_fwd's ({rows} elements of {stat_dtype})")
+        raise RuntimeError(f"{op}: mean and rstd must be layer_norm_fwd's ({rows} elements of "
+                           f"{_c10_name(stat_dtype)})")
     if grad_sum is not None:
         _check_like_input(op, "grad_sum", grad_sum, input)
 
@@ -296,7 +321,7 @@ def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, 
 def _rms_norm_fwd_fake(input, normalized_shape, weight, eps=None):
     _layer_norm_param_dtype("reduce::rms_norm_fwd", input, normalized_shape, weight, None)
     if eps is not None and eps < 0:
-        raise RuntimeError(f"reduce::rms_norm_fwd: eps must be non-negative, got {eps}")
+        raise RuntimeError(f"reduce::rms_norm_fwd: eps must be non-negative, got {eps:g}")  # as C++ prints it
     axis = input.dim() - len(normalized_shape)
     stat_shape = list(input.shape[:axis]) + [1] * len(normalized_shape)
     return input.new_empty(input.shape), input.new_empty(stat_shape, dtype=_stat_dtype(input.dtype))
@@ -311,7 +336,7 @@ def _rms_norm_bwd_fake(grad_out, input, normalized_shape, rstd, weight, output_m
     rows = math.prod(input.shape[:input.dim() - len(normalized_shape)])
     stat_dtype = _stat_dtype(input.dtype)
     if rstd.numel() != rows or rstd.dtype != stat_dtype:
-        raise RuntimeError(f"{op}: rstd must be rms_norm_fwd's ({rows} elements of {stat_dtype})")
+        raise RuntimeError(f"{op}: rstd must be rms_norm_fwd's ({rows} elements of {_c10_name(stat_dtype)})")
     if grad_sum is not None:
         _check_like_input(op, "grad_sum", grad_sum, input)
     grad_input = input.new_empty(input.shape) if output_mask[0] else input.new_empty((0,))
@@ -328,7 +353,7 @@ def _add_layer_norm_fwd_fake(input, residual, normalized_shape, weight, bias, ep
     _layer_norm_param_dtype(op, input, normalized_shape, weight, bias)
     _check_like_input(op, "residual", residual, input)
     if eps < 0:
-        raise RuntimeError(f"{op}: eps must be non-negative, got {eps}")
+        raise RuntimeError(f"{op}: eps must be non-negative, got {eps:g}")
     out, mean, rstd = _layer_norm_fwd_fake(input, normalized_shape, weight, bias, eps)
     return out, input.new_empty(input.shape), mean, rstd
 
@@ -339,7 +364,7 @@ def _add_rms_norm_fwd_fake(input, residual, normalized_shape, weight, eps=None):
     _layer_norm_param_dtype(op, input, normalized_shape, weight, None)
     _check_like_input(op, "residual", residual, input)
     if eps is not None and eps < 0:
-        raise RuntimeError(f"{op}: eps must be non-negative, got {eps}")
+        raise RuntimeError(f"{op}: eps must be non-negative, got {eps:g}")
     out, rstd = _rms_norm_fwd_fake(input, normalized_shape, weight, eps)
     return out, input.new_empty(input.shape), rstd
 

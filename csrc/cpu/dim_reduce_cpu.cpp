@@ -33,9 +33,9 @@ acc_t reduce_whole(const scalar_t* in, int64_t n, const Ops& ops) {
 
 void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor& out) {
   TORCH_REDUCE_DISPATCH_DIM(p.input.scalar_type(), "torch_reduce dim reduction", [&] {
-    using acc_t = acc_type<scalar_t>;
     with_stage_ops<scalar_t>(kind, [&](auto ops, auto out_type, auto) {
       using Ops = decltype(ops);
+      using acc_t = ops_acc_t<Ops>;
       using out_t = typename decltype(out_type)::type;
       const scalar_t* in = p.input.const_data_ptr<scalar_t>();
       out_t* result = out.mutable_data_ptr<out_t>();

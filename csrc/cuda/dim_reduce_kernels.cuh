@@ -325,11 +325,11 @@ void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out
 
 template <typename scalar_t>
 void launch_dim_reduction(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor& out) {
-  using acc_t = acc_type<scalar_t>;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_tuning([&](auto tuning) {
     using Tuning = decltype(tuning);
     with_stage_ops<scalar_t>(kind, [&](auto ops, auto out_type, auto whole) {
+      using acc_t = ops_acc_t<decltype(ops)>;
       using out_t = typename decltype(out_type)::type;
       const scalar_t* in = p.input.const_data_ptr<scalar_t>();
       out_t* result = out.mutable_data_ptr<out_t>();
