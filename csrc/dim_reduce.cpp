@@ -302,7 +302,7 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
     // The repeats multiply the accumulators (before the final map: a norm's root, a mean's division by
     // every element's count), which a last launch over one accumulator each then projects.
     kind.stage = kind.stage == Stage::Whole ? Stage::First : Stage::Middle;
-    at::Tensor partial = at::empty({outputs}, input.options().dtype(accumulate_type(input.scalar_type())));
+    at::Tensor partial = at::empty({outputs}, input.options().dtype(accumulate_type(r, input.scalar_type())));
     launch(kind, problem, partial);
     fold_repeats(r, partial, repeats.reduced);
     problem = ReduceProblem{partial, outputs, 1, 1};
