@@ -184,15 +184,22 @@ using kernel_out_t = std::conditional_t<!std::is_floating_point_v<acc_type<scala
                                         int64_t, scalar_t>;
 
 // Calls f(ops) with the ops object of `kind` over acc_type<scalar_t> (prod: prod_acc_t); mean divides by
-// kind.count. mean and the norms are only reached for floating inputs (reduce_dims checks).
-template <typename scalar_t, typename F>
+// kind.count. mean and the norms are only reached for floating inputs (reduce_dims checks). kPartials: the
+// input is a split reduction's partials, already in the accumulate type, which the ops fold in (a 16-bit
+// prod's float32 partials stay float32; a float32 prod's partials are float64 already).
+template <typename scalar_t, bool kPartials = false, typename F>
 void with_reduce_ops(const ReduceKind& kind, F&& f) {
   using acc_t = acc_type<scalar_t>;
   switch (kind.reduction) {
     case Reduction::Sum: return f(SumOp<acc_t>());
     case Reduction::Amax: return f(MaxOp<acc_t>());
     case Reduction::Amin: return f(MinOp<acc_t>());
-    case Reduction::Prod: return f(ProdOp<prod_acc_t<scalar_t>>());
+    case Reduction::Prod:
+      if constexpr (kPartials) {
+        return f(ProdOp<acc_t>());
+      } else {
+        return f(ProdOp<prod_acc_t<scalar_t>>());
+      }
     case Reduction::Mean:
     case Reduction::VectorNorm:
       if constexpr (std::is_floating_point_v<acc_t>) {
@@ -221,22 +228,21 @@ struct TypeTag {  // a type as a value (C++20's std::type_identity; torch 2.11 e
 
 template <typename scalar_t, typename F>
 void with_stage_ops(const ReduceKind& kind, F&& f) {
-  with_reduce_ops<scalar_t>(kind, [&](auto ops) {
-    using Ops = decltype(ops);
-    using acc_t = ops_acc_t<Ops>;
-    switch (kind.stage) {
-      case Stage::Whole: return f(ops, TypeTag<kernel_out_t<scalar_t, Ops>>(), std::true_type());
-      case Stage::First: return f(unprojected(ops), TypeTag<acc_t>(), std::false_type());
-      case Stage::Middle:
-      case Stage::Last:
-        if constexpr (std::is_same_v<scalar_t, acc_t>) {
-          auto fold = partials_ops(ops);  // not const: kernel_out_t compares the type
-          if (kind.stage == Stage::Middle) return f(unprojected(fold), TypeTag<acc_t>(), std::false_type());
-          return f(fold, TypeTag<kernel_out_t<scalar_t, decltype(fold)>>(), std::false_type());
-        }
-        TORCH_CHECK(false, "torch_reduce: a later stage of ", reduction_name(kind.reduction), " read ",
-                    c10::CppTypeToScalarType<scalar_t>::value, ", not its accumulate type");
+  if (kind.stage == Stage::Whole || kind.stage == Stage::First) {
+    return with_reduce_ops<scalar_t>(kind, [&](auto ops) {
+      if (kind.stage == Stage::Whole) return f(ops, TypeTag<kernel_out_t<scalar_t, decltype(ops)>>(), std::true_type());
+      return f(unprojected(ops), TypeTag<ops_acc_t<decltype(ops)>>(), std::false_type());
+    });
+  }
+  with_reduce_ops<scalar_t, true>(kind, [&](auto ops) {
+    using acc_t = ops_acc_t<decltype(ops)>;
+    if constexpr (std::is_same_v<scalar_t, acc_t>) {
+      auto fold = partials_ops(ops);  // not const: kernel_out_t compares the type
+      if (kind.stage == Stage::Middle) return f(unprojected(fold), TypeTag<acc_t>(), std::false_type());
+      return f(fold, TypeTag<kernel_out_t<scalar_t, decltype(fold)>>(), std::false_type());
     }
+    TORCH_CHECK(false, "torch_reduce: a later stage of ", reduction_name(kind.reduction), " read ",
+                c10::CppTypeToScalarType<scalar_t>::value, ", not its accumulate type");
   });
 }
 

@@ -240,7 +240,10 @@ struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
         grad = grad_var * at::where(input == input.mean(), std::numeric_limits<double>::quiet_NaN(),
                                     std::numeric_limits<double>::infinity());
       } else {
-        const at::Tensor mean = restore_reduced_dims(saved[1], dims, keepdim);
+        // With dof <= 0 the coefficient is infinite and an exact tie x == mean gives NaN: that mean is torch's
+        // (at::mean, recomputed as its backward does), so the same elements tie; else ours, saved.
+        const at::Tensor mean = dof <= c10::SymFloat(0.0) ? input.mean(dims, /*keepdim=*/true)
+                                                          : restore_reduced_dims(saved[1], dims, keepdim);
         grad = c10::Scalar(c10::SymFloat(2.0) / dof) * grad_var * (input - mean);
       }
     }

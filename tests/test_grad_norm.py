@@ -49,7 +49,8 @@ def odd_list(dtype, device, empty=True):
 
 
 def reference_norm(t, ord):
-    return torch.linalg.vector_norm(t.double(), ord)
+    """On the CPU, whatever the tensor's device (the tests compare there)."""
+    return torch.linalg.vector_norm(t.double().cpu(), ord)
 
 
 def reference_total(tensors, ord):
@@ -269,17 +270,22 @@ def test_sparse_gradients(ord, device):
     tensors = [torch.randn(5, device=device), sparse]
     if empty_allowed(ord):
         tensors.append(torch.sparse_coo_tensor(index[:, :0], torch.randn(0), (9, 4), check_invariants=True).to(device))
-    for got, want in zip(torch_reduce.foreach_norm(tensors, ord), torch._foreach_norm(tensors, ord)):
+    # torch's answers where it takes sparse tensors (after 2.11) are the norms of their stored values, duplicates
+    # summed (implicit zeros do not count, so negative orders differ from the dense tensor's); torch 2.11 raises.
+    # The reference is that, from torch's dense ops on the coalesced values.
+    stored = [t.coalesce().values() if t.is_sparse else t for t in tensors]
+    for got, want in zip(torch_reduce.foreach_norm(tensors, ord), torch._foreach_norm(stored, ord)):
         torch.testing.assert_close(got, want)
-    torch.testing.assert_close(torch_reduce.get_total_norm(tensors, ord), torch.nn.utils.get_total_norm(tensors, ord))
+    total = torch.nn.utils.get_total_norm(stored, ord)
+    torch.testing.assert_close(torch_reduce.get_total_norm(tensors, ord), total)
     params = [torch.nn.Parameter(t.to_dense()) for t in tensors]
     for p, t in zip(params, tensors):
         p.grad = t.clone()
-    theirs = clone_params(params)
-    torch.testing.assert_close(torch_reduce.clip_grad_norm_(params, 0.1, ord),
-                               torch.nn.utils.clip_grad_norm_(theirs, 0.1, ord))
-    for p, q in zip(params, theirs):
-        torch.testing.assert_close(p.grad.to_dense(), q.grad.to_dense())
+    torch.testing.assert_close(torch_reduce.clip_grad_norm_(params, 0.1, ord), total)
+    coefficient = torch.clamp(0.1 / (total + 1e-6), max=1.0)
+    for p, t in zip(params, tensors):
+        assert p.grad.is_sparse == t.is_sparse
+        torch.testing.assert_close(p.grad.to_dense(), t.to_dense() * coefficient)
 
 
 @pytest.mark.parametrize("device", DEVICES)

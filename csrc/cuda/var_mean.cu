@@ -17,6 +17,14 @@
 namespace torch_reduce::cuda {
 namespace {
 
+// var from a row's Welford statistics: m2 / divisor, or NaN where the mean is not finite (an inf or NaN in the
+// row: torch's (x - mean)^2 is NaN there; a one-element Welford run keeps m2 = 0 even for x = NaN or inf, and
+// an expanded row is read as one element).
+template <typename acc_t>
+__device__ __forceinline__ acc_t variance(const Welford<acc_t>& w, acc_t divisor) {
+  return isfinite(w.mean) ? w.m2 / divisor : acc_t(NAN);
+}
+
 template <typename Tuning, unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
     var_mean_rows_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t cols, acc_t divisor,
@@ -29,7 +37,7 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(
       thread_stats<GROUP, kInRegisters, acc_t>(in + row * cols, cols, t, regs), WelfordOp<acc_t>());
   if (t == 0) {
-    var[row] = static_cast<scalar_t>(w.m2 / divisor);
+    var[row] = static_cast<scalar_t>(variance(w, divisor));
     mean[row] = static_cast<scalar_t>(w.mean);
   }
 }
@@ -58,7 +66,7 @@ __global__ void __launch_bounds__(BLOCK)
   for (int64_t c = threadIdx.x; c < chunks; c += BLOCK) w = op(w, partials[row * chunks + c]);
   w = block_reduce<BLOCK>(w, op);
   if (threadIdx.x == 0) {
-    var[row] = static_cast<scalar_t>(w.m2 / divisor);
+    var[row] = static_cast<scalar_t>(variance(w, divisor));
     mean[row] = static_cast<scalar_t>(w.mean);
   }
 }
