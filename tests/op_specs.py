@@ -154,20 +154,13 @@ def layer_norm_samples(device, dtype, requires_grad):
     yield (t((3, 257)), (257,), weight((257,)), t((257,))), {}
 
 
-def rms_norm_samples(device, dtype, requires_grad):
-    t = lambda shape, layout="contiguous": make(shape, device, dtype, requires_grad, layout)  # noqa: E731
+def without_bias(norm_samples):
+    """LayerNorm's samples as RMSNorm's: the same inputs, weights and eps, no bias."""
+    def samples(*args):
+        for sample_args, kwargs in norm_samples(*args):
+            yield sample_args[:3], kwargs
 
-    def weight(shape, layout="contiguous"):
-        w = make(shape, device, dtype, False, layout)
-        return w.mul_(0.3).add_(1).requires_grad_(requires_grad)
-
-    yield (t((4, 7)), (7,), weight((7,))), {}
-    yield (t((2, 3, 5)), (3, 5), weight((3, 5))), {"eps": 1e-5}
-    yield (t((3, 6)), [6]), {}
-    yield (t((5,)), (5,), weight((5,))), {"eps": 1e-3}
-    yield (t((4, 7), "transposed"), (7,), weight((7,), "stepped")), {}
-    yield (t((4, 6), "expanded"), (6,), weight((6,))), {}
-    yield (t((3, 257)), (257,), weight((257,))), {}
+    return samples
 
 
 # The residual of each fused add + norm sample: contiguous, or (the first input's rows in turn) misaligned and
@@ -299,21 +292,6 @@ def layer_norm_reference_inputs(device, dtype, requires_grad):
     yield (t((3, 1)), (1,), weight((1,)), t((1,))), {}  # one element a row: variance 0, the output is the bias
     yield (t((5, 2, 3), "transposed"), (3,)), {}
     yield (t((40, 65), "stepped"), (65,), weight((65,)), t((65,))), {}
-
-
-def rms_norm_reference_inputs(device, dtype, requires_grad):
-    t = lambda shape, layout="contiguous": make(shape, device, dtype, requires_grad, layout)  # noqa: E731
-
-    def weight(shape, layout="contiguous"):
-        w = make(shape, device, dtype, False, layout)
-        return w.mul_(0.3).add_(1).requires_grad_(requires_grad)
-
-    yield (t((0, 6)), (6,), weight((6,))), {}
-    yield (t((7, 64), "offset"), (64,), weight((64,), "offset")), {}
-    yield (t((7, 2048), "offset"), (2048,), weight((2048,))), {}
-    yield (t((3, 1)), (1,), weight((1,))), {}  # one element a row: the output is sign(x) * weight
-    yield (t((5, 2, 3), "transposed"), (3,)), {}
-    yield (t((40, 65), "stepped"), (65,), weight((65,))), {}
 
 
 def prod_reference_inputs(device, dtype, requires_grad):
@@ -516,12 +494,6 @@ def layer_norm_multi_block_inputs(device):
         yield (x, (width,), weight, torch.randn(width, device=device).to(dtype)), {}
 
 
-def rms_norm_multi_block_inputs(device):
-    for rows, width, dtype in LAYER_NORM_MULTI_BLOCK:
-        x = torch.randn(rows, width, device=device).to(dtype)
-        yield (x, (width,), torch.randn(width, device=device).mul_(0.3).add_(1).to(dtype)), {}
-
-
 def add_norm_multi_block_inputs(norm_inputs):
     def samples(device):
         for args, kwargs in norm_inputs(device):
@@ -602,14 +574,16 @@ SPECS: list[OpSpec] = [_ladder_spec(v) for v in torch_reduce.LADDER] + [
            var_mean_error_inputs, var_mean_multi_block_inputs, large_inputs("var_mean")),
     OpSpec("layer_norm", torch_reduce.layer_norm, F.layer_norm, layer_norm_samples, layer_norm_reference_inputs,
            layer_norm_error_inputs, layer_norm_multi_block_inputs, large_inputs("layer_norm")),
-    OpSpec("rms_norm", torch_reduce.rms_norm, F.rms_norm, rms_norm_samples, rms_norm_reference_inputs,
-           rms_norm_error_inputs, rms_norm_multi_block_inputs, large_inputs("rms_norm")),
+    OpSpec("rms_norm", torch_reduce.rms_norm, F.rms_norm, without_bias(layer_norm_samples),
+           without_bias(layer_norm_reference_inputs), rms_norm_error_inputs,
+           without_bias(layer_norm_multi_block_inputs), large_inputs("rms_norm")),
     OpSpec("add_layer_norm", torch_reduce.add_layer_norm, _torch_add_layer_norm, with_residual(layer_norm_samples),
            with_residual(layer_norm_reference_inputs), add_norm_error_inputs,
            add_norm_multi_block_inputs(layer_norm_multi_block_inputs), large_inputs("add_layer_norm")),
-    OpSpec("add_rms_norm", torch_reduce.add_rms_norm, _torch_add_rms_norm, with_residual(rms_norm_samples),
-           with_residual(rms_norm_reference_inputs), add_norm_error_inputs,
-           add_norm_multi_block_inputs(rms_norm_multi_block_inputs), large_inputs("add_rms_norm")),
+    OpSpec("add_rms_norm", torch_reduce.add_rms_norm, _torch_add_rms_norm,
+           with_residual(without_bias(layer_norm_samples)), with_residual(without_bias(layer_norm_reference_inputs)),
+           add_norm_error_inputs,
+           add_norm_multi_block_inputs(without_bias(layer_norm_multi_block_inputs)), large_inputs("add_rms_norm")),
     OpSpec("prod", torch_reduce.prod, _torch_prod, prod_samples, prod_reference_inputs,
            like_torch_error_inputs("prod"), reduction_multi_block_inputs("prod"), large_inputs("prod")),
     OpSpec("vector_norm", torch_reduce.vector_norm, torch.linalg.vector_norm, vector_norm_samples,

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import torch_reduce
 
 from .context import Context
-from .layernorm import DTYPES, EPS, GRAPH_REPLAYS, IMPLS, Section, _name, _parameters, summary, table
+from .layernorm import DTYPES, EPS, GRAPH_REPLAYS, IMPLS, Section, _name, _parameters, markdown
 from .timing import rotation
 
 SHAPES = [(4096, 1024), (16384, 1024), (65536, 768), (4096, 4096), (16384, 4096), (2048, 8192), (8192, 8192),
@@ -84,14 +84,10 @@ def measure(section: Section, op: str, dtype: torch.dtype, shape: tuple[int, int
 
 
 def report(ctx: Context, records: list[dict]) -> str:
-    lines = ["## Fused residual add + norm (torch's x + r, then the norm, vs torch_reduce)", "",
-             f"Bytes: fwd 4x, bwd 4x, fwd + bwd 8x N x element size (parameters and their gradients left out). "
-             f"{ctx.line.describe()}. Graph: CUDA-graph replay (GPU time alone), {GRAPH_REPLAYS} replays. \"vs\": "
-             "their time / ours; ours % line from graph replay.",
-             "", "### Summary", "", *summary(records), "", "### All shapes", "", *table(records)]
-    text = "\n".join(lines)
-    ctx.write_text("addnorm.md", text + "\n")
-    return text
+    return markdown(ctx, "addnorm", "## Fused residual add + norm (torch's x + r, then the norm, vs torch_reduce)",
+                    f"Bytes: fwd 4x, bwd 4x, fwd + bwd 8x N x element size (parameters and their gradients left out). "
+                    f"{ctx.line.describe()}. Graph: CUDA-graph replay (GPU time alone), {GRAPH_REPLAYS} replays. "
+                    "\"vs\": their time / ours; ours % line from graph replay.", records)
 
 
 def run(ctx: Context) -> str:

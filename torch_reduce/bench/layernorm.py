@@ -459,16 +459,23 @@ def _plot_heatmap(records: list[dict], op: str, dtype: str, path) -> None:
     plt.close(fig)
 
 
+def markdown(ctx: Context, name: str, heading: str, intro: str, records: list[dict]) -> str:
+    """<name>.md (this section's and rmsnorm.py's and addnorm.py's): the heading, the intro, the targets' summary
+    and the table of every record; returns the text."""
+    lines = [heading, "", intro, "", "### Summary", "", *summary(records), "", "### All shapes", "", *table(records)]
+    text = "\n".join(lines)
+    ctx.write_text(f"{name}.md", text + "\n")
+    return text
+
+
 def report(ctx: Context, records: list[dict], liger_version: str) -> str:
     """layernorm.md and the plots from the records; returns the Markdown."""
-    lines = ["## LayerNorm and var_mean (torch vs torch_reduce vs Liger-Kernel)", "",
-             f"Bytes: var_mean 1x, LayerNorm fwd 2x, bwd 3x, fwd + bwd 5x N x element size (weight, bias and "
-             f"their gradients are O(hidden) and left out). {ctx.line.describe()}. Graph: CUDA-graph "
-             f"replay (GPU time alone), {GRAPH_REPLAYS} replays; eager: CUDA events around one call (host overhead "
-             f"included). Liger-Kernel: {liger_version}. \"vs\": their time / ours; ours % line from graph replay.",
-             "", "### Summary", "", *summary(records), "", "### All shapes", "", *table(records)]
-    text = "\n".join(lines)
-    ctx.write_text("layernorm.md", text + "\n")
+    text = markdown(ctx, "layernorm", "## LayerNorm and var_mean (torch vs torch_reduce vs Liger-Kernel)",
+                    f"Bytes: var_mean 1x, LayerNorm fwd 2x, bwd 3x, fwd + bwd 5x N x element size (weight, bias and "
+                    f"their gradients are O(hidden) and left out). {ctx.line.describe()}. Graph: CUDA-graph "
+                    f"replay (GPU time alone), {GRAPH_REPLAYS} replays; eager: CUDA events around one call (host "
+                    f"overhead included). Liger-Kernel: {liger_version}. \"vs\": their time / ours; ours % line "
+                    "from graph replay.", records)
     try:
         _plot_var_mean(records, ctx.out_dir / "layernorm.png")
         for dtype in dict.fromkeys(r["dtype"] for r in records if r["op"] == "layer_norm"):

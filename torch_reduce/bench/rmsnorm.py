@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import torch_reduce
 
 from .context import Context
-from .layernorm import DTYPES, EPS, GRAPH_REPLAYS, Section, _name, _plot_heatmap, grid_shapes, summary, table
+from .layernorm import DTYPES, EPS, GRAPH_REPLAYS, Section, _name, _plot_heatmap, grid_shapes, markdown
 
 
 def _liger() -> tuple[Optional[Callable], str]:
@@ -38,14 +38,11 @@ def _norms(liger: Optional[Callable]) -> dict[str, Optional[Callable]]:
 
 
 def report(ctx: Context, records: list[dict], liger_version: str) -> str:
-    lines = ["## RMSNorm (torch vs torch_reduce vs Liger-Kernel)", "",
-             f"Bytes: fwd 2x, bwd 3x, fwd + bwd 5x N x element size (the weight and its gradient are O(hidden) and "
-             f"left out). {ctx.line.describe()}. Graph: CUDA-graph replay (GPU time alone), {GRAPH_REPLAYS} replays; "
-             f"eager: CUDA events around one call (host overhead included). Liger-Kernel: {liger_version}. "
-             "\"vs\": their time / ours; ours % line from graph replay.",
-             "", "### Summary", "", *summary(records), "", "### All shapes", "", *table(records)]
-    text = "\n".join(lines)
-    ctx.write_text("rmsnorm.md", text + "\n")
+    text = markdown(ctx, "rmsnorm", "## RMSNorm (torch vs torch_reduce vs Liger-Kernel)",
+                    f"Bytes: fwd 2x, bwd 3x, fwd + bwd 5x N x element size (the weight and its gradient are O(hidden) "
+                    f"and left out). {ctx.line.describe()}. Graph: CUDA-graph replay (GPU time alone), "
+                    f"{GRAPH_REPLAYS} replays; eager: CUDA events around one call (host overhead included). "
+                    f"Liger-Kernel: {liger_version}. \"vs\": their time / ours; ours % line from graph replay.", records)
     try:
         for dtype in dict.fromkeys(r["dtype"] for r in records):
             _plot_heatmap(records, "rms_norm", dtype, ctx.out_dir / f"rmsnorm_heatmap_{dtype}.png")
