@@ -327,7 +327,8 @@ def check_dtensor_reduce_sharded_dim(ctx, name, dtype):
                     ctx.same_everywhere_and_twice(lambda: _reduce(name, x, dim, keepdim))
                 # A Partial of 16-bit values is rounded per rank and added in 16 bits (as torch's own ops do).
                 tol = TOL[dtype] if name == "var_mean" or dtype != torch.bfloat16 else (2 ** -7, 2 ** -7)
-                scale = _reference("mean" if name == "mean" else "sum", full.abs(), dim, keepdim)
+                # The scale of each result's rounding: the sum of |x| (a product's: the product of |x|).
+                scale = _reference(name if name in ("mean", "prod") else "sum", full.abs(), dim, keepdim)
                 for out, ref in zip(outputs, _tensors(_reference(name, full, dim, keepdim))):
                     assert out.placements == expected, (rows, dim, out.placements)
                     assert out.shape == ref.shape and out.dtype == dtype

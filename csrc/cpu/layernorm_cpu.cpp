@@ -6,6 +6,7 @@
 #include "common/dispatch.h"
 #include "common/reduce_ops.h"
 #include "layernorm.h"
+#include "norm_ops.h"
 
 namespace torch_reduce::cpu {
 namespace {
@@ -213,67 +214,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
   return {grad_input, grad_weight, grad_bias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tensor& input,
-                                                                  c10::SymIntArrayRef normalized_shape,
-                                                                  const std::optional<at::Tensor>& weight,
-                                                                  const std::optional<at::Tensor>& bias, double eps) {
-  const NormForward f = row_norm_fwd<RowNorm::Layer>(input, at::Tensor(), normalized_shape, weight, bias, eps);
-  return {f.out, f.mean, f.rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
-    const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-    const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask,
-    const std::optional<at::Tensor>& grad_sum) {
-  return row_norm_bwd<RowNorm::Layer>(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask,
-                                      grad_sum.value_or(at::Tensor()));
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cpu(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                                                    const std::optional<at::Tensor>& weight,
-                                                    std::optional<double> eps) {
-  const NormForward f = row_norm_fwd<RowNorm::Rms>(input, at::Tensor(), normalized_shape, weight, std::nullopt, eps);
-  return {f.out, f.rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cpu(const at::Tensor& grad_out, const at::Tensor& input,
-                                                    c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
-                                                    const std::optional<at::Tensor>& weight,
-                                                    std::array<bool, 2> output_mask,
-                                                    const std::optional<at::Tensor>& grad_sum) {
-  auto [grad_input, grad_weight, unused] =
-      row_norm_bwd<RowNorm::Rms>(grad_out, input, normalized_shape, at::Tensor(), rstd, weight, std::nullopt,
-                                 {output_mask[0], output_mask[1], false}, grad_sum.value_or(at::Tensor()));
-  return {grad_input, grad_weight};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_fwd_cpu(
-    const at::Tensor& input, const at::Tensor& residual, c10::SymIntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  const NormForward f = row_norm_fwd<RowNorm::Layer>(input, residual, normalized_shape, weight, bias, eps);
-  return {f.out, f.sum, f.mean, f.rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd_cpu(const at::Tensor& input,
-                                                                    const at::Tensor& residual,
-                                                                    c10::SymIntArrayRef normalized_shape,
-                                                                    const std::optional<at::Tensor>& weight,
-                                                                    std::optional<double> eps) {
-  const NormForward f = row_norm_fwd<RowNorm::Rms>(input, residual, normalized_shape, weight, std::nullopt, eps);
-  return {f.out, f.sum, f.rstd};
-}
+// The norm kernels above as norm_ops.h's backend.
+struct CpuNorms {
+  template <RowNorm kNorm, typename... Args>
+  static NormForward forward(const Args&... args) {
+    return row_norm_fwd<kNorm>(args...);
+  }
+  template <RowNorm kNorm, typename... Args>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const Args&... args) {
+    return row_norm_bwd<kNorm>(args...);
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(reduce, CPU, m) {
   m.impl("var_mean", &var_mean_cpu);
-  m.impl("layer_norm_fwd", &layer_norm_fwd_cpu);
-  m.impl("layer_norm_bwd", &layer_norm_bwd_cpu);
-  m.impl("rms_norm_fwd", &rms_norm_fwd_cpu);
-  m.impl("rms_norm_bwd", &rms_norm_bwd_cpu);
-  m.impl("add_layer_norm_fwd", &add_layer_norm_fwd_cpu);
-  m.impl("add_rms_norm_fwd", &add_rms_norm_fwd_cpu);
+  NormOps<CpuNorms>::register_forwards(m);
+  NormOps<CpuNorms>::register_backwards(m);
 }
 
 }  // namespace torch_reduce::cpu

@@ -32,6 +32,7 @@
 #include "cuda/row_layout.cuh"
 #include "cuda/tuning.h"
 #include "layernorm.h"
+#include "norm_ops.h"
 
 namespace torch_reduce::cuda {
 namespace {
@@ -408,31 +409,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
   return {grad_input, grad_weight, grad_bias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
-    const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-    const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask,
-    const std::optional<at::Tensor>& grad_sum) {
-  return row_norm_bwd<RowNorm::Layer>(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask,
-                                      grad_sum.value_or(at::Tensor()));
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& grad_out, const at::Tensor& input,
-                                                     c10::SymIntArrayRef normalized_shape, const at::Tensor& rstd,
-                                                     const std::optional<at::Tensor>& weight,
-                                                     std::array<bool, 2> output_mask,
-                                                     const std::optional<at::Tensor>& grad_sum) {
-  auto [grad_input, grad_weight, unused] =
-      row_norm_bwd<RowNorm::Rms>(grad_out, input, normalized_shape, at::Tensor(), rstd, weight, std::nullopt,
-                                 {output_mask[0], output_mask[1], false}, grad_sum.value_or(at::Tensor()));
-  return {grad_input, grad_weight};
-}
+// The backward kernels as norm_ops.h's backend.
+struct CudaNormBackward {
+  template <RowNorm kNorm, typename... Args>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const Args&... args) {
+    return row_norm_bwd<kNorm>(args...);
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(reduce, CUDA, m) {
-  m.impl("layer_norm_bwd", &layer_norm_bwd_cuda);
-  m.impl("rms_norm_bwd", &rms_norm_bwd_cuda);
-}
+TORCH_LIBRARY_IMPL(reduce, CUDA, m) { NormOps<CudaNormBackward>::register_backwards(m); }
 
 }  // namespace torch_reduce::cuda

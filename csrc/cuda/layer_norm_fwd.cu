@@ -16,6 +16,7 @@
 #include "cuda/row_layout.cuh"
 #include "cuda/tuning.h"
 #include "layernorm.h"
+#include "norm_ops.h"
 
 namespace torch_reduce::cuda {
 namespace {
@@ -167,44 +168,16 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
   return {out, sum, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& input,
-                                                                   c10::SymIntArrayRef normalized_shape,
-                                                                   const std::optional<at::Tensor>& weight,
-                                                                   const std::optional<at::Tensor>& bias, double eps) {
-  const NormForward f = row_norm_fwd<RowNorm::Layer>(input, at::Tensor(), normalized_shape, weight, bias, eps);
-  return {f.out, f.mean, f.rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
-                                                     const std::optional<at::Tensor>& weight,
-                                                     std::optional<double> eps) {
-  const NormForward f = row_norm_fwd<RowNorm::Rms>(input, at::Tensor(), normalized_shape, weight, std::nullopt, eps);
-  return {f.out, f.rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_fwd_cuda(
-    const at::Tensor& input, const at::Tensor& residual, c10::SymIntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  const NormForward f = row_norm_fwd<RowNorm::Layer>(input, residual, normalized_shape, weight, bias, eps);
-  return {f.out, f.sum, f.mean, f.rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd_cuda(const at::Tensor& input,
-                                                                     const at::Tensor& residual,
-                                                                     c10::SymIntArrayRef normalized_shape,
-                                                                     const std::optional<at::Tensor>& weight,
-                                                                     std::optional<double> eps) {
-  const NormForward f = row_norm_fwd<RowNorm::Rms>(input, residual, normalized_shape, weight, std::nullopt, eps);
-  return {f.out, f.sum, f.rstd};
-}
+// The forward kernels as norm_ops.h's backend.
+struct CudaNormForward {
+  template <RowNorm kNorm, typename... Args>
+  static NormForward forward(const Args&... args) {
+    return row_norm_fwd<kNorm>(args...);
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(reduce, CUDA, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd_cuda);
-  m.impl("rms_norm_fwd", &rms_norm_fwd_cuda);
-  m.impl("add_layer_norm_fwd", &add_layer_norm_fwd_cuda);
-  m.impl("add_rms_norm_fwd", &add_rms_norm_fwd_cuda);
-}
+TORCH_LIBRARY_IMPL(reduce, CUDA, m) { NormOps<CudaNormForward>::register_forwards(m); }
 
 }  // namespace torch_reduce::cuda
