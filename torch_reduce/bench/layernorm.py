@@ -476,13 +476,21 @@ def report(ctx: Context, records: list[dict], liger_version: str) -> str:
                     f"replay (GPU time alone), {GRAPH_REPLAYS} replays; eager: CUDA events around one call (host "
                     f"overhead included). Liger-Kernel: {liger_version}. \"vs\": their time / ours; ours % line "
                     "from graph replay.", records)
+    return text + plot_heatmaps(ctx, records, "layer_norm", "layernorm",
+                                lambda: _plot_var_mean(records, ctx.out_dir / "layernorm.png"))
+
+
+def plot_heatmaps(ctx: Context, records: list[dict], op: str, name: str, more_plots=None) -> str:
+    """<name>_heatmap_<dtype>.png for each dtype of op's records (and more_plots()); returns what the Markdown
+    adds: nothing, or a line saying matplotlib is missing."""
     try:
-        _plot_var_mean(records, ctx.out_dir / "layernorm.png")
-        for dtype in dict.fromkeys(r["dtype"] for r in records if r["op"] == "layer_norm"):
-            _plot_heatmap(records, "layer_norm", dtype, ctx.out_dir / f"layernorm_heatmap_{dtype}.png")
+        if more_plots is not None:
+            more_plots()
+        for dtype in dict.fromkeys(r["dtype"] for r in records if r["op"] == op):
+            _plot_heatmap(records, op, dtype, ctx.out_dir / f"{name}_heatmap_{dtype}.png")
     except ImportError:
-        text += "\n\n(matplotlib not installed: no plots)"
-    return text
+        return "\n\n(matplotlib not installed: no plots)"
+    return ""
 
 
 def run(ctx: Context) -> str:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import torch_reduce
 
 from .context import Context
-from .layernorm import DTYPES, EPS, GRAPH_REPLAYS, Section, _name, _plot_heatmap, grid_shapes, markdown
+from .layernorm import DTYPES, EPS, GRAPH_REPLAYS, Section, _name, grid_shapes, markdown, plot_heatmaps
 
 
 def _liger() -> tuple[Optional[Callable], str]:
@@ -43,12 +43,7 @@ def report(ctx: Context, records: list[dict], liger_version: str) -> str:
                     f"and left out). {ctx.line.describe()}. Graph: CUDA-graph replay (GPU time alone), "
                     f"{GRAPH_REPLAYS} replays; eager: CUDA events around one call (host overhead included). "
                     f"Liger-Kernel: {liger_version}. \"vs\": their time / ours; ours % line from graph replay.", records)
-    try:
-        for dtype in dict.fromkeys(r["dtype"] for r in records):
-            _plot_heatmap(records, "rms_norm", dtype, ctx.out_dir / f"rmsnorm_heatmap_{dtype}.png")
-    except ImportError:
-        text += "\n\n(matplotlib not installed: no plots)"
-    return text
+    return text + plot_heatmaps(ctx, records, "rms_norm", "rmsnorm")
 
 
 def run(ctx: Context) -> str:
