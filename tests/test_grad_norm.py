@@ -269,7 +269,7 @@ def test_sparse_gradients(ord, device):
     sparse = torch.sparse_coo_tensor(index, torch.randn(4, device=device), (9, 4), check_invariants=True)
     tensors = [torch.randn(5, device=device), sparse]
     if empty_allowed(ord):
-        tensors.append(torch.sparse_coo_tensor(index[:, :0], torch.randn(0), (9, 4), check_invariants=True).to(device))
+        tensors.append(torch.sparse_coo_tensor(index[:, :0], torch.randn(0, device=device), (9, 4), check_invariants=True))
     # torch's answers where it takes sparse tensors (after 2.11) are the norms of their stored values, duplicates
     # summed (implicit zeros do not count, so negative orders differ from the dense tensor's); torch 2.11 raises.
     # The reference is that, from torch's dense ops on the coalesced values.
@@ -488,8 +488,10 @@ def test_cpu_and_cuda_tensors_in_one_list():
     theirs = clone_params(params)
     torch.testing.assert_close(torch_reduce.clip_grad_norm_(params, 0.5), torch.nn.utils.clip_grad_norm_(theirs, 0.5),
                                **TORCH_TOL[torch.float32])
+    # Every coefficient comes from the total, which torch forms from the float16 tensor's norm rounded to float16
+    # (ours keeps it in float32): the float64 gradient agrees to the total's tolerance, not float64's.
     for p, q in zip(params, theirs):
-        torch.testing.assert_close(p.grad, q.grad, **TORCH_TOL[p.dtype])
+        torch.testing.assert_close(p.grad, q.grad, **TORCH_TOL[torch.float32 if p.dtype == torch.float64 else p.dtype])
 
 
 @requires_cuda

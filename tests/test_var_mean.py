@@ -96,6 +96,25 @@ def test_edges(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("cols", [5, 1024, 3 * 2**16 + 5])  # one thread's run, a block's row, a split row
+def test_infinite_rows(cols, dtype, device):
+    """A row holding inf (and finite values) has mean inf, as torch.mean (torch.var_mean's own Welford gives NaN
+    or inf by the order it meets them), and variance NaN; inf beside -inf gives NaN for both."""
+    x = torch.randn(4, cols, device=device).to(dtype)
+    x[0] = float("inf")
+    x[1] = -float("inf")
+    x[2, cols // 2] = float("inf")
+    x[3, 0], x[3, -1] = float("inf"), -float("inf")
+    var, mean = torch_reduce.var_mean(x, -1)
+    nan = float("nan")
+    expected_mean = torch.tensor([float("inf"), -float("inf"), float("inf"), nan], dtype=dtype, device=device)
+    torch.testing.assert_close(mean, expected_mean, equal_nan=True, rtol=0, atol=0)
+    assert var.isnan().all()
+    torch.testing.assert_close(torch_reduce.var_mean(x.T, 0)[1], mean, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim,keepdim", [(None, False), (-1, False), ((0, 2), True), ((0, 2), False)])
 def test_gradcheck_of_one_output(device, dim, keepdim):
     """The gradient when only var or only mean is used (the other's gradient undefined); the contract suite

@@ -235,6 +235,11 @@ struct WelfordOp {
     if (b.count == T(0)) return a;
     if (a.count == T(0)) return b;
     const T count = a.count + b.count;
+    // A run holding inf: its mean is inf (torch.mean's), the sum of the two means (their difference would be
+    // inf - inf, NaN, for two infs of one sign or an inf beside finite values), NaN beside -inf; variance NaN.
+    if (!std::isfinite(a.mean) || !std::isfinite(b.mean)) {
+      return Welford<T>(a.mean + b.mean, std::numeric_limits<T>::quiet_NaN(), count);
+    }
     const T b_share = b.count / count;
     const T delta = b.mean - a.mean;
     return Welford<T>(a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * a.count * b_share, count);

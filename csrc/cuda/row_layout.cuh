@@ -136,7 +136,8 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
     constexpr int kSize = Vec16<scalar_t>::kSize;
     const int64_t vectors = cols / kSize;
     if (t >= vectors) return WelfordOp<acc_t>::identity();
-    const acc_t x0 = static_cast<acc_t>(regs.v[0].value[0]);
+    const acc_t first = static_cast<acc_t>(regs.v[0].value[0]);
+    const acc_t x0 = isfinite(first) ? first : acc_t(0);  // inf - inf would make a row of infs' mean NaN
     acc_t shifted = 0;
     int count = 0;
 #pragma unroll
