@@ -3,8 +3,9 @@
 A CUDAExtension whenever torch is a CUDA build and nvcc is found (no GPU is needed to compile), else a
 CppExtension with the CPU kernels only. TORCH_REDUCE_CPU_ONLY=1 forces the CPU-only build (fast iteration).
 
-_C uses only Python's limited API (csrc/module.cpp; the ops register through torch's dispatcher, not through
-libtorch_python), so one wheel serves every CPython >= 3.10 (abi3). It does depend on torch's C++ ABI, which
+_C uses only Python's limited API (csrc/module.cpp, csrc/fast_call.cpp; the ops register through torch's
+dispatcher), so one wheel serves every CPython >= 3.10 (abi3); it links libtorch_python for the one function that
+wraps a tensor as a Python object (the drop-in reductions' C entry points). It does depend on torch's C++ ABI, which
 changes with every torch release: the wheel requires the torch it was built against, exactly, and
 torch_reduce/_build_info.py records that torch for the check at import (torch_reduce/_check_torch.py).
 """
@@ -74,7 +75,7 @@ def _extension():
     if not WITH_CUDA:
         return cpp_extension.CppExtension(
             "torch_reduce._C", sources, extra_compile_args={"cxx": cxx}, include_dirs=[INCLUDES],
-            py_limited_api=True,
+            libraries=["torch_python"], py_limited_api=True,
         )
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         # No GPU to ask (a visible GPU makes torch build for that GPU alone).
@@ -87,6 +88,7 @@ def _extension():
         sources,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         include_dirs=[INCLUDES] + _cuda_library_headers(),
+        libraries=["torch_python"],  # torch leaves it out for py_limited_api; fast_call.cpp wraps tensors with it
         py_limited_api=True,
     )
 

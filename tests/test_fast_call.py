@@ -1,0 +1,187 @@
+"""The drop-in reductions' C entry points (csrc/fast_call.cpp): the common call is parsed in C and goes straight
+to the op; every other call reaches the Python wrapper (torch_reduce/reductions.py) with its arguments as given.
+Checked: which calls take which path, that both give the wrapper's results and errors, references (no leaks),
+threads, torch.compile, and the entry points' signatures."""
+import gc
+import inspect
+import math
+import sys
+import threading
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import torch_reduce
+from torch_reduce import _C, reductions
+from conftest import DEVICES
+
+NAMES = list(reductions._WRAPPERS)
+
+
+@pytest.fixture
+def wrapper_calls():
+    """Counts the calls that reach each Python wrapper, for the duration of a test."""
+    calls = {name: 0 for name in NAMES}
+
+    def counting(name, wrapper):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return wrapper(*args, **kwargs)
+        return counted
+
+    def setup(table):
+        _C._fast_call_setup((torch.Tensor, torch.nn.Parameter),
+                            {n: (w, reductions._entry_doc(reductions._WRAPPERS[n])) for n, w in table.items()})
+
+    setup({name: counting(name, w) for name, w in reductions._WRAPPERS.items()})
+    yield calls
+    setup(reductions._WRAPPERS)
+
+
+def common_calls(x):
+    """(name, args, kwargs) the entry points take themselves."""
+    yield "sum", (x,), {}
+    yield "sum", (x, 1), {}
+    yield "sum", (x, -1, True), {}
+    yield "sum", (x, (0, 2)), {"keepdim": False}
+    yield "sum", (x,), {"dim": [0, 1], "keepdim": True, "dtype": None, "out": None}
+    yield "mean", (x, ()), {}
+    yield "mean", (x, None, True), {}
+    yield "prod", (x, 2), {}
+    yield "amax", (x,), {}
+    yield "amax", (x, None), {}
+    yield "amin", (x, [1, 2], True), {}
+    yield "vector_norm", (x,), {}
+    yield "vector_norm", (x, 1), {"dim": 0}
+    yield "vector_norm", (x, math.inf, (1, 2), True), {}
+    yield "vector_norm", (x,), {"ord": 0.5, "dim": -1, "keepdim": False}
+
+
+def wrapper_calls_of(x, out):
+    """(name, args, kwargs) left to the wrapper."""
+    yield "sum", (x, 1), {"dtype": torch.float64}
+    yield "mean", (x, 1), {"out": out}
+    yield "sum", (x, 1.0), {}                      # a float dim: the wrapper's (torch's) TypeError
+    yield "sum", (x, True), {}                     # bool is not a dim
+    yield "sum", (x, 1, 1), {}                     # keepdim must be a bool
+    yield "sum", (), {"input": x}                  # the input by keyword
+    yield "sum", (x, 5), {}                        # out of range: raised by the op, reported by the wrapper
+    yield "amax", (x, 1), {"dim": 1}               # given twice
+    yield "amax", (x, 1, False, None), {}          # too many positional arguments
+    yield "vector_norm", (x, "fro"), {}
+    yield "vector_norm", (x, torch.tensor(2.0)), {}
+    yield "sum", (x.as_subclass(Logged), 1), {}
+
+
+class Logged(torch.Tensor):
+    seen = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def outcome(fn, args, kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001  (compared below)
+        return type(error), str(error).splitlines()[0]
+
+
+def same(a, b):
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_common_calls_skip_the_wrapper(device, wrapper_calls):
+    x = torch.randn(3, 4, 5, device=device)
+    for name, args, kwargs in common_calls(x):
+        got = getattr(torch_reduce, name)(*args, **kwargs)
+        want = reductions._WRAPPERS[name](*args, **kwargs)
+        assert same(got, want), (name, args, kwargs)
+    assert sum(wrapper_calls.values()) == 0, wrapper_calls
+    p = torch.nn.Parameter(x.clone())
+    torch_reduce.sum(p, 1).sum().backward()
+    assert sum(wrapper_calls.values()) == 0 and torch.equal(p.grad, torch.ones_like(x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_other_calls_reach_the_wrapper(device, wrapper_calls):
+    x = torch.randn(3, 4, 5, device=device)
+    out = torch.empty(0, device=device)
+    cases = list(wrapper_calls_of(x, out))
+    for name, args, kwargs in cases:
+        got = outcome(getattr(torch_reduce, name), args, kwargs)
+        want = outcome(reductions._WRAPPERS[name], args, kwargs)
+        assert same(got, want), (name, args, kwargs, got, want)
+    assert sum(wrapper_calls.values()) == len(cases)  # each once, from the entry point (the second call is direct)
+    assert Logged.seen, "the subclass's __torch_function__ was not called"
+
+
+def test_torch_function_mode_sees_the_call(wrapper_calls):
+    seen = []
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 5)
+    with Mode():
+        got = torch_reduce.sum(x, 1)
+    torch.testing.assert_close(got, x.sum(1))
+    assert wrapper_calls["sum"] == 1 and seen
+
+
+def test_no_reference_leaks():
+    x = torch.randn(8, 9)
+    dims = (0, 1)
+    calls = [lambda: torch_reduce.sum(x, dims), lambda: torch_reduce.amax(x, dims, True),
+             lambda: torch_reduce.sum(x, dims, dtype=torch.float64), lambda: outcome(torch_reduce.sum, (x, 7), {})]
+    for call in calls:
+        call()
+    gc.collect()
+    before = sys.getrefcount(x), sys.getrefcount(dims)
+    for _ in range(100):
+        for call in calls:
+            call()
+    gc.collect()
+    assert (sys.getrefcount(x), sys.getrefcount(dims)) == before
+
+
+def test_threads():
+    x = torch.randn(64, 257)
+    want = torch_reduce.sum(x, 1)
+    errors = []
+
+    def work():
+        for _ in range(200):
+            if not torch.equal(torch_reduce.sum(x, 1), want):
+                errors.append("mismatch")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compile_traces_the_wrapper(name):
+    x = torch.randn(6, 7)
+    fn = getattr(torch_reduce, name)
+    compiled = torch.compile(lambda t: fn(t, 1) if name != "vector_norm" else fn(t, 2, 1), fullgraph=True)
+    want = fn(x, 1) if name != "vector_norm" else fn(x, 2, 1)
+    torch.testing.assert_close(compiled(x), want)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_signature_and_doc(name):
+    entry, wrapper = getattr(torch_reduce, name), reductions._WRAPPERS[name]
+    assert list(inspect.signature(entry).parameters) == list(inspect.signature(wrapper).parameters)
+    assert wrapper.__doc__ in entry.__doc__
