@@ -1,4 +1,4 @@
-"""``python -m torch_reduce.bench [--quick] [--sections ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm]
+"""``python -m torch_reduce.bench [--quick] [--sections ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm,host]
 [--out DIR]``
 
 On a GPU: every section's timings, printed as tables and written as JSON, Markdown and PNG plots under
@@ -17,7 +17,7 @@ import torch
 
 from .context import Context, gpu_slug
 
-SECTIONS = ("ladder", "dropin", "dims", "layernorm", "rmsnorm", "addnorm", "gradnorm")
+SECTIONS = ("ladder", "dropin", "dims", "layernorm", "rmsnorm", "addnorm", "gradnorm", "host")
 
 
 def cpu_smoke() -> str:
