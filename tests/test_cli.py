@@ -1,4 +1,5 @@
-"""``python -m torch_reduce``: the analyzer's commands print what analysis/ computes, and bad input exits cleanly."""
+"""``python -m torch_reduce``: the analyzer's commands print what analysis/ computes, and bad input exits cleanly;
+the benchmark's no-GPU paths (``python -m torch_reduce.bench``) and the host section's CPU part."""
 import subprocess
 import sys
 
@@ -70,3 +71,26 @@ def test_bench_gets_the_arguments_after_bench(monkeypatch):
 def test_module_runs_as_a_program():
     done = subprocess.run([sys.executable, "-m", "torch_reduce", "analyze", "sum_nope"], capture_output=True, text=True)
     assert done.returncode == 2 and "invalid choice: 'sum_nope'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_bench_without_a_gpu_runs_the_cpu_part_of_named_sections(monkeypatch, capsys, tmp_path):
+    import torch
+
+    import torch_reduce.bench.__main__ as bench
+    from torch_reduce.bench import host
+
+    ran = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(host, "run", lambda ctx: ran.append(ctx) or "host table")
+    assert bench.main(["--quick", "--sections", "ladder,host", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["No GPU found: the CPU part of host only.", "host table"]
+    assert [(ctx.quick, ctx.out_dir) for ctx in ran] == [(True, tmp_path)]
+    # Unnamed (the default run) or without a CPU part: the smoke test, as before.
+    for argv in ([], ["--sections", "ladder"]):
+        assert bench.main(argv) == 0
+        assert capsys.readouterr().out.startswith("No GPU found: timings need an NVIDIA GPU")
+    assert len(ran) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--sections", "hots"])
+    assert exit_info.value.code == 2
+
