@@ -94,3 +94,32 @@ def test_bench_without_a_gpu_runs_the_cpu_part_of_named_sections(monkeypatch, ca
         bench.main(["--sections", "hots"])
     assert exit_info.value.code == 2
 
+
+def test_bench_host_cpu_part_writes_its_table_and_records(tmp_path):
+    """The shape of the host section's output on CPU tensors (quick); the timings themselves are not checked."""
+    import json
+
+    from torch_reduce.bench import host
+    from torch_reduce.bench.context import Context
+
+    text = host.run(Context(quick=True, out_dir=tmp_path), devices=("cpu",))
+    assert (tmp_path / "host.md").read_text() == text
+    cases = [case for case in host.CASES if case.on_cpu]
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "| cpu |" in line]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == [case.name for case in cases]
+    for row, case in zip(rows, cases):
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 10 and cells[7] in ("PASS", "MISS") and cells[8:] == ["-", "-"]  # no GPU columns
+        assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[5]) > 0
+        assert (cells[4] == "-") == (case.direct_stmt is None)  # op-direct: the full sums only
+    passed = sum("| PASS |" in row for row in rows)
+    assert f"{passed} PASS, {len(rows) - passed} MISS" in text.splitlines()
+
+    data = json.loads((tmp_path / "host.json").read_text())
+    assert data["meta"]["devices"] == ["cpu"] and data["meta"]["quick"] is True
+    want = [(case.name, impl) for case in cases
+            for impl in ("torch", "torch_reduce", "op_direct")[:3 if case.direct_stmt else 2]]
+    assert [(r["case"], r["impl"]) for r in data["records"]] == want
+    for record in data["records"]:
+        assert record["device"] == "cpu" and record["median_us"] > 0 and record["blocks"] > 0
+        assert record["gpu_us"] is None and record["target_ratio"] == host.TARGET
