@@ -8,7 +8,7 @@
 # in .whl/ (git-ignored) and are installed, without dependencies, into /tmp/site on PYTHONPATH.
 #
 #   scripts/gpu_check.sh [--quick] [--steps build,test,wheel,sanitize,ncu,profile,bench,two-gpu] [--tests "tests/a.py ..."]
-#                        [--sections ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm] [--gpus 1|2]
+#                        [--sections ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm,host] [--gpus 1|2]
 #   scripts/gpu_check.sh --layernorm-quick   # build, then the quick LayerNorm section alone
 #   scripts/gpu_check.sh --gpus 2            # two GPUs: build, then tests/test_two_gpus.py and
 #                                            # tests/test_distributed.py, then the distributed training check and
@@ -21,7 +21,7 @@ WORK=$(mktemp -d)  # everything but the summary travels back packed, in one arch
 mkdir -p "$WORK/logs"
 STEPS=
 GPUS=1
-SECTIONS=ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm
+SECTIONS=ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm,host
 QUICK=
 TESTS=tests
 while [ $# -gt 0 ]; do

@@ -1,4 +1,5 @@
-"""``python -m torch_reduce``: the analyzer's commands print what analysis/ computes, and bad input exits cleanly."""
+"""``python -m torch_reduce``: the analyzer's commands print what analysis/ computes, and bad input exits cleanly;
+the benchmark's no-GPU paths (``python -m torch_reduce.bench``) and the host section's CPU part."""
 import subprocess
 import sys
 
@@ -70,3 +71,55 @@ def test_bench_gets_the_arguments_after_bench(monkeypatch):
 def test_module_runs_as_a_program():
     done = subprocess.run([sys.executable, "-m", "torch_reduce", "analyze", "sum_nope"], capture_output=True, text=True)
     assert done.returncode == 2 and "invalid choice: 'sum_nope'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_bench_without_a_gpu_runs_the_cpu_part_of_named_sections(monkeypatch, capsys, tmp_path):
+    import torch
+
+    import torch_reduce.bench.__main__ as bench
+    from torch_reduce.bench import host
+
+    ran = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(host, "run", lambda ctx: ran.append(ctx) or "host table")
+    assert bench.main(["--quick", "--sections", "ladder,host", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["No GPU found: the CPU part of host only.", "host table"]
+    assert [(ctx.quick, ctx.out_dir) for ctx in ran] == [(True, tmp_path)]
+    # Unnamed (the default run) or without a CPU part: the smoke test, as before.
+    for argv in ([], ["--sections", "ladder"]):
+        assert bench.main(argv) == 0
+        assert capsys.readouterr().out.startswith("No GPU found: timings need an NVIDIA GPU")
+    assert len(ran) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--sections", "hots"])
+    assert exit_info.value.code == 2
+
+
+def test_bench_host_cpu_part_writes_its_table_and_records(tmp_path):
+    """The shape of the host section's output on CPU tensors (quick); the timings themselves are not checked."""
+    import json
+
+    from torch_reduce.bench import host
+    from torch_reduce.bench.context import Context
+
+    text = host.run(Context(quick=True, out_dir=tmp_path), devices=("cpu",))
+    assert (tmp_path / "host.md").read_text() == text
+    cases = [case for case in host.CASES if case.on_cpu]
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "| cpu |" in line]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == [case.name for case in cases]
+    for row, case in zip(rows, cases):
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 10 and cells[7] in ("PASS", "MISS") and cells[8:] == ["-", "-"]  # no GPU columns
+        assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[5]) > 0
+        assert (cells[4] == "-") == (case.direct_stmt is None)  # op-direct: the full sums only
+    passed = sum("| PASS |" in row for row in rows)
+    assert f"{passed} PASS, {len(rows) - passed} MISS" in text.splitlines()
+
+    data = json.loads((tmp_path / "host.json").read_text())
+    assert data["meta"]["devices"] == ["cpu"] and data["meta"]["quick"] is True
+    want = [(case.name, impl) for case in cases
+            for impl in ("torch", "torch_reduce", "op_direct")[:3 if case.direct_stmt else 2]]
+    assert [(r["case"], r["impl"]) for r in data["records"]] == want
+    for record in data["records"]:
+        assert record["device"] == "cpu" and record["median_us"] > 0 and record["blocks"] > 0
+        assert record["gpu_us"] is None and record["target_ratio"] == host.TARGET

@@ -1,9 +1,10 @@
-"""``python -m torch_reduce.bench [--quick] [--sections ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm]
+"""``python -m torch_reduce.bench [--quick] [--sections ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm,host]
 [--out DIR]``
 
 On a GPU: every section's timings, printed as tables and written as JSON, Markdown and PNG plots under
 benchmarks/results/<gpu>/. Without a GPU: the CPU kernels on a small input, and a plain statement that
-no GPU was found (exit 0).
+no GPU was found (exit 0); or, where --sections names sections with a CPU part (host), those parts alone,
+written under benchmarks/results/cpu/.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import torch
 
 from .context import Context, gpu_slug
 
-SECTIONS = ("ladder", "dropin", "dims", "layernorm", "rmsnorm", "addnorm", "gradnorm")
+SECTIONS = ("ladder", "dropin", "dims", "layernorm", "rmsnorm", "addnorm", "gradnorm", "host")
+CPU_SECTIONS = ("host",)  # sections that also time CPU tensors: without a GPU they run that part when named
 
 
 def cpu_smoke() -> str:
@@ -40,17 +42,26 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_reduce.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a subset of sizes (minutes -> seconds)")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
+    parser.add_argument("--sections", default=None,
+                        help=f"comma-separated, of {SECTIONS} (default: all; without a GPU, none unless named)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/<gpu>)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(cpu_smoke())
-        return 0
-    ctx = Context(quick=args.quick, out_dir=args.out or Path("benchmarks") / "results" / gpu_slug())
-    print(ctx.line.describe(), flush=True)
-    for name in [s for s in args.sections.split(",") if s]:
+    names = [s for s in (args.sections or ",".join(SECTIONS)).split(",") if s]
+    for name in names:
         if name not in SECTIONS:
             parser.error(f"unknown section {name!r}; choose from {SECTIONS}")
+    gpu = torch.cuda.is_available()
+    if not gpu:
+        # The plain no-GPU run stays the smoke test; named sections with a CPU part run that part.
+        names = [name for name in names if name in CPU_SECTIONS] if args.sections else []
+        if not names:
+            print(cpu_smoke())
+            return 0
+        print(f"No GPU found: the CPU part of {', '.join(names)} only.", flush=True)
+    ctx = Context(quick=args.quick, out_dir=args.out or Path("benchmarks") / "results" / gpu_slug())
+    if gpu:
+        print(ctx.line.describe(), flush=True)
+    for name in names:
         start = time.perf_counter()
         section = importlib.import_module(f"torch_reduce.bench.{name}")
         print(section.run(ctx), flush=True)
