@@ -22,6 +22,7 @@
 #include <string>
 
 #include "dim_reduce.h"
+#include "layernorm.h"
 
 PyObject* THPVariable_Wrap(const at::TensorBase& var);  // libtorch_python
 
@@ -33,10 +34,18 @@ struct TensorObject {  // torch/csrc/autograd/python_variable.h's THPVariable, u
   at::Tensor cdata;
 };
 
-// Set once from Python (_C._fast_call_setup): the types read directly (torch.Tensor, nn.Parameter: neither has
-// a __torch_function__ of its own) and each op's Python wrapper.
+// The entry points: the dim reductions' table, then the norms.
+enum class Entry { sum, mean, amax, amin, prod, vector_norm, layer_norm, rms_norm };
+constexpr size_t kEntries = 8;
+#define TORCH_REDUCE_CHECK_ENTRY(name, reduction, Signature) \
+  static_assert(static_cast<int>(Entry::name) == static_cast<int>(Reduction::reduction));
+TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_CHECK_ENTRY)
+#undef TORCH_REDUCE_CHECK_ENTRY
+
+// Set from Python (_C._fast_call_setup): the types read directly (torch.Tensor, nn.Parameter: neither has a
+// __torch_function__ of its own) and each entry point's Python wrapper.
 PyObject* plain_types = nullptr;
-std::array<PyObject*, 6> wrappers{};
+std::array<PyObject*, kEntries> wrappers{};
 
 bool is_plain_tensor(PyObject* obj) {
   if (plain_types == nullptr) return false;
@@ -46,11 +55,13 @@ bool is_plain_tensor(PyObject* obj) {
   return false;
 }
 
+const at::Tensor& tensor_of(PyObject* obj) { return reinterpret_cast<TensorObject*>(obj)->cdata; }
+
 // The Python wrapper, called with the caller's arguments as they came.
-PyObject* call_wrapper(Reduction r, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  PyObject* wrapper = wrappers[static_cast<size_t>(r)];
+PyObject* call_wrapper(Entry e, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  PyObject* wrapper = wrappers[static_cast<size_t>(e)];
   if (wrapper == nullptr) {
-    PyErr_SetString(PyExc_RuntimeError, "torch_reduce._C: the reductions' Python wrappers are not set");
+    PyErr_SetString(PyExc_RuntimeError, "torch_reduce._C: an entry point's Python wrapper is not set");
     return nullptr;
   }
   PyObject* positional = PyTuple_New(nargs);
@@ -77,55 +88,151 @@ PyObject* call_wrapper(Reduction r, PyObject* const* args, Py_ssize_t nargs, PyO
   return result;
 }
 
-// The signatures' Python parameters, positional first (names as the wrappers'), then keyword-only.
-template <typename Signature>
-struct Parameters;
-template <>
-struct Parameters<DimsDtype> {
-  static constexpr std::array<const char*, 3> kPositional{"input", "dim", "keepdim"};
-  static constexpr std::array<const char*, 2> kKeywordOnly{"dtype", "out"};
-};
-template <>
-struct Parameters<Dims> {
-  static constexpr std::array<const char*, 3> kPositional{"input", "dim", "keepdim"};
-  static constexpr std::array<const char*, 1> kKeywordOnly{"out"};
-};
-template <>
-struct Parameters<OrdDimsDtype> {
-  static constexpr std::array<const char*, 4> kPositional{"x", "ord", "dim", "keepdim"};
-  static constexpr std::array<const char*, 2> kKeywordOnly{"dtype", "out"};
-};
-
 bool is_exact_int(PyObject* obj) { return PyLong_CheckExact(obj); }  // not bool, not a numpy or tensor scalar
 
-// dim as an int, a tuple or a list of ints, into dims; false for anything else (the wrapper decides).
-bool parse_dims(PyObject* obj, c10::SmallVector<int64_t, 8>& dims) {
-  if (is_exact_int(obj)) {
-    const long long d = PyLong_AsLongLong(obj);
-    if (d == -1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-    dims.push_back(d);
-    return true;
+bool read_int(PyObject* obj, int64_t& value) {
+  if (!is_exact_int(obj)) return false;
+  const long long v = PyLong_AsLongLong(obj);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
   }
-  if (!PyTuple_CheckExact(obj) && !PyList_CheckExact(obj)) return false;
-  const Py_ssize_t n = PySequence_Size(obj);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = PyTuple_CheckExact(obj) ? PyTuple_GetItem(obj, i) : PyList_GetItem(obj, i);
-    if (item == nullptr || !is_exact_int(item)) {
-      PyErr_Clear();
-      return false;
-    }
-    const long long d = PyLong_AsLongLong(item);
-    if (d == -1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-    dims.push_back(d);
+  value = v;
+  return true;
+}
+
+bool read_float(PyObject* obj, double& value) {
+  if (!is_exact_int(obj) && !PyFloat_CheckExact(obj)) return false;
+  value = PyFloat_AsDouble(obj);
+  if (value == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
   }
   return true;
 }
+
+// An int, or a tuple (torch.Size too) or list of ints, into values; false for anything else.
+bool read_ints(PyObject* obj, c10::SmallVector<int64_t, 8>& values) {
+  int64_t v = 0;
+  if (read_int(obj, v)) {
+    values.push_back(v);
+    return true;
+  }
+  const bool tuple = PyTuple_Check(obj);
+  if (!tuple && !PyList_CheckExact(obj)) return false;
+  const Py_ssize_t n = tuple ? PyTuple_Size(obj) : PyList_Size(obj);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!read_int(tuple ? PyTuple_GetItem(obj, i) : PyList_GetItem(obj, i), v)) return false;
+    values.push_back(v);
+  }
+  return true;
+}
+
+// None or a plain tensor (an optional weight or bias).
+bool read_optional_tensor(PyObject* obj, std::optional<at::Tensor>& t) {
+  if (obj == nullptr || obj == Py_None) return true;
+  if (!is_plain_tensor(obj)) return false;
+  t = tensor_of(obj);
+  return true;
+}
+
+// Each entry point's parameters (positional first, named as the wrapper's, then keyword-only), its parse of
+// the common call (false: the wrapper's call) and its op call.
+template <Reduction R, typename Signature>
+struct DimReductionSpec {
+  static constexpr Entry kEntry = static_cast<Entry>(R);
+  static constexpr bool kOrd = std::is_same_v<Signature, OrdDimsDtype>;
+  static constexpr std::array<const char*, kOrd ? 4 : 3> kPositional = [] {
+    if constexpr (kOrd) {
+      return std::array<const char*, 4>{"x", "ord", "dim", "keepdim"};
+    } else {
+      return std::array<const char*, 3>{"input", "dim", "keepdim"};
+    }
+  }();
+  static constexpr std::array<const char*, 2> kKeywordOnly{"dtype", "out"};  // the wrapper's when given
+  static constexpr size_t kGiven = kPositional.size();  // the keyword-only ones must be absent or None
+
+  struct Args {
+    const at::Tensor* input;
+    c10::SmallVector<int64_t, 8> dims;
+    bool all_dims, keepdim;
+    double ord = 2.0;
+  };
+  static bool parse(PyObject* const* slots, Args& a) {
+    size_t next = 1;
+    if constexpr (kOrd) {
+      PyObject* ord = slots[next++];
+      if (ord != nullptr && !read_float(ord, a.ord)) return false;
+    }
+    PyObject* dim = slots[next++];
+    PyObject* keepdim = slots[next];
+    a.all_dims = dim == nullptr || dim == Py_None;
+    if (!a.all_dims && !read_ints(dim, a.dims)) return false;
+    if (keepdim != nullptr && keepdim != Py_True && keepdim != Py_False) return false;
+    a.keepdim = keepdim == Py_True;
+    return true;
+  }
+  static at::Tensor run(const Args& a) {
+    at::OptionalIntArrayRef dim;
+    if (!a.all_dims || std::is_same_v<Signature, Dims>) dim = at::IntArrayRef(a.dims);  // amax(dim=None): all
+    return Signature::call(dim_reduction_op<R, Signature>(), *a.input, ReduceCall{dim, a.keepdim, std::nullopt, a.ord});
+  }
+};
+
+template <RowNorm kNorm>
+struct NormSpec {  // layer_norm(input, normalized_shape, weight, bias, eps), rms_norm(input, normalized_shape, weight, eps)
+  static constexpr bool kLayer = kNorm == RowNorm::Layer;
+  static constexpr Entry kEntry = kLayer ? Entry::layer_norm : Entry::rms_norm;
+  static constexpr std::array<const char*, kLayer ? 5 : 4> kPositional = [] {
+    if constexpr (kLayer) {
+      return std::array<const char*, 5>{"input", "normalized_shape", "weight", "bias", "eps"};
+    } else {
+      return std::array<const char*, 4>{"input", "normalized_shape", "weight", "eps"};
+    }
+  }();
+  static constexpr std::array<const char*, 0> kKeywordOnly{};
+  static constexpr size_t kGiven = kPositional.size();
+
+  struct Args {
+    const at::Tensor* input;
+    c10::SmallVector<int64_t, 8> shape;
+    std::optional<at::Tensor> weight, bias;
+    std::optional<double> eps;
+  };
+  static bool parse(PyObject* const* slots, Args& a) {
+    PyObject* const* s = slots;
+    if (s[1] == nullptr || !read_ints(s[1], a.shape) || !read_optional_tensor(s[2], a.weight)) return false;
+    if (kLayer && !read_optional_tensor(s[3], a.bias)) return false;
+    PyObject* eps = s[kLayer ? 4 : 3];
+    if (eps == nullptr) {
+      if (kLayer) a.eps = 1e-5;  // rms_norm's None: the op's default
+    } else if (eps != Py_None || kLayer) {
+      double value = 0;
+      if (!read_float(eps, value)) return false;
+      a.eps = value;
+    }
+    return true;
+  }
+  static at::Tensor run(const Args& a) {
+    const c10::SymIntArrayRef shape = c10::fromIntArrayRefSlow(a.shape);
+    if constexpr (kLayer) {
+      static const auto op =
+          c10::Dispatcher::singleton()
+              .findSchemaOrThrow("reduce::layer_norm_fwd", "")
+              .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                  const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&,
+                  const std::optional<at::Tensor>&, double)>();
+      return std::get<0>(op.call(*a.input, shape, a.weight, a.bias, *a.eps));
+    } else {
+      static const auto op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("reduce::rms_norm_fwd", "")
+                                 .typed<std::tuple<at::Tensor, at::Tensor>(
+                                     const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&,
+                                     std::optional<double>)>();
+      return std::get<0>(op.call(*a.input, shape, a.weight, a.eps));
+    }
+  }
+};
 
 // Records whether the op warned: such a call is run again by the wrapper, which turns torch's warnings into
 // Python's as torch's bindings do.
@@ -134,11 +241,10 @@ struct WarningSeen : c10::WarningHandler {
   void process(const c10::Warning&) override { seen = true; }
 };
 
-template <Reduction R, typename Signature>
-PyObject* fast_call(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  using P = Parameters<Signature>;
-  constexpr size_t kPositional = P::kPositional.size(), kAll = kPositional + P::kKeywordOnly.size();
-  const auto slow = [&] { return call_wrapper(R, args, nargs, kwnames); };
+template <typename Spec>
+PyObject* entry_point(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  constexpr size_t kPositional = Spec::kPositional.size(), kAll = kPositional + Spec::kKeywordOnly.size();
+  const auto slow = [&] { return call_wrapper(Spec::kEntry, args, nargs, kwnames); };
   if (nargs < 1 || static_cast<size_t>(nargs) > kPositional) return slow();
   std::array<PyObject*, kAll> slots{};
   for (Py_ssize_t i = 0; i < nargs; ++i) slots[i] = args[i];
@@ -146,40 +252,19 @@ PyObject* fast_call(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
   for (Py_ssize_t k = 0; k < nkw; ++k) {
     PyObject* name = PyTuple_GetItem(kwnames, k);
     size_t at = kAll;
-    for (size_t j = 1; j < kAll; ++j) {
-      const char* want = j < kPositional ? P::kPositional[j] : P::kKeywordOnly[j - kPositional];
+    for (size_t j = 1; j < kAll; ++j) {  // (the input by keyword: the wrapper's)
+      const char* want = j < kPositional ? Spec::kPositional[j] : Spec::kKeywordOnly[j - kPositional];
       if (PyUnicode_CompareWithASCIIString(name, want) == 0) at = j;
     }
     if (at == kAll || slots[at] != nullptr) return slow();  // unknown or repeated: the wrapper's TypeError
     slots[at] = args[nargs + k];
   }
-  for (size_t j = kPositional; j < kAll; ++j)  // dtype= and out=: the wrapper's
+  for (size_t j = Spec::kGiven; j < kAll; ++j)
     if (slots[j] != nullptr && slots[j] != Py_None) return slow();
-  PyObject* input = slots[0];
-  if (input == nullptr || !is_plain_tensor(input) || at::impl::torch_function_mode_enabled()) return slow();
-  size_t next = 1;
-  double ord = 2.0;
-  if constexpr (std::is_same_v<Signature, OrdDimsDtype>) {
-    PyObject* o = slots[next++];
-    if (o != nullptr) {
-      if (!is_exact_int(o) && !PyFloat_CheckExact(o)) return slow();
-      ord = PyFloat_AsDouble(o);
-      if (ord == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return slow();
-      }
-    }
-  }
-  PyObject* dim = slots[next++];
-  PyObject* keepdim_obj = slots[next];
-  c10::SmallVector<int64_t, 8> dims;
-  const bool all_dims = dim == nullptr || dim == Py_None;
-  if (!all_dims && !parse_dims(dim, dims)) return slow();
-  if (keepdim_obj != nullptr && keepdim_obj != Py_True && keepdim_obj != Py_False) return slow();
-  at::OptionalIntArrayRef dim_ref;
-  if (!all_dims || std::is_same_v<Signature, Dims>) dim_ref = at::IntArrayRef(dims);  // amax(dim=None): every dim
-  const ReduceCall call{dim_ref, keepdim_obj == Py_True, std::nullopt, ord};
-  const at::Tensor& self = reinterpret_cast<TensorObject*>(input)->cdata;
+  if (!is_plain_tensor(slots[0]) || at::impl::torch_function_mode_enabled()) return slow();
+  typename Spec::Args a{};
+  a.input = &tensor_of(slots[0]);
+  if (!Spec::parse(slots.data(), a)) return slow();
 
   at::Tensor result;
   bool failed = false;
@@ -187,7 +272,7 @@ PyObject* fast_call(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
   PyThreadState* released = PyEval_SaveThread();
   try {
     const c10::WarningUtils::WarningHandlerGuard guard(&warnings);
-    result = Signature::call(dim_reduction_op<R, Signature>(), self, call);
+    result = Spec::run(a);
   } catch (...) {
     failed = true;
   }
@@ -198,49 +283,55 @@ PyObject* fast_call(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
 
 PyMethodDef* methods();
 
-// Each op's Python wrapper, and the entry point's docstring: the wrapper's signature and doc (read by help()
-// and inspect.signature when asked, so it may be set after the module is made).
+// {name: (wrapper, docstring)}: each entry point's Python wrapper, and its docstring (the wrapper's signature and
+// doc, read by help() and inspect.signature when asked, so it may be set after the module is made).
 PyObject* fast_call_setup(PyObject*, PyObject* args) {
   PyObject *types = nullptr, *table = nullptr;
   if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &types, &PyDict_Type, &table)) return nullptr;
-  static std::array<std::string, 6> docs;
-  const auto set = [&](Reduction r, const char* name) {
-    PyObject* entry = PyDict_GetItemString(table, name);  // borrowed: (wrapper, docstring)
+  static std::array<std::string, kEntries> docs;
+  Py_ssize_t pos = 0;
+  PyObject *key = nullptr, *value = nullptr;
+  while (PyDict_Next(table, &pos, &key, &value)) {
     PyObject *fn = nullptr, *doc = nullptr;
-    if (entry == nullptr || !PyArg_ParseTuple(entry, "OU", &fn, &doc)) {
-      if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "no Python wrapper for %s", name);
-      return false;
-    }
+    if (!PyArg_ParseTuple(value, "OU", &fn, &doc)) return nullptr;
+    const char* name = PyUnicode_AsUTF8AndSize(key, nullptr);
     const char* text = PyUnicode_AsUTF8AndSize(doc, nullptr);
-    if (text == nullptr) return false;
-    const auto i = static_cast<size_t>(r);
+    if (name == nullptr || text == nullptr) return nullptr;
+    size_t i = 0;
+    PyMethodDef* m = methods();
+    for (; m[i].ml_name != nullptr && std::string(m[i].ml_name) != name; ++i) {
+    }
+    if (i >= kEntries) {
+      PyErr_Format(PyExc_KeyError, "torch_reduce._C has no entry point %s", name);
+      return nullptr;
+    }
     docs[i] = text;
-    for (PyMethodDef* m = methods(); m->ml_name != nullptr; ++m)
-      if (std::string(m->ml_name) == name) m->ml_doc = docs[i].c_str();
+    m[i].ml_doc = docs[i].c_str();
     Py_INCREF(fn);
     Py_XDECREF(wrappers[i]);
     wrappers[i] = fn;
-    return true;
-  };
-#define TORCH_REDUCE_SET_WRAPPER(name, reduction, Signature) \
-  if (!set(Reduction::reduction, #name)) return nullptr;
-  TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_SET_WRAPPER)
-#undef TORCH_REDUCE_SET_WRAPPER
+  }
   Py_INCREF(types);
   Py_XDECREF(plain_types);
   plain_types = types;
   Py_RETURN_NONE;
 }
 
-PyMethodDef* methods() {
-#define TORCH_REDUCE_METHOD(name, reduction, Signature)                                                       \
-  {#name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_call<Reduction::reduction, Signature>)), \
-   METH_FASTCALL | METH_KEYWORDS, nullptr},
+template <typename Spec>
+constexpr PyCFunction as_method() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry_point<Spec>));
+}
+
+PyMethodDef* methods() {  // in Entry's order
+#define TORCH_REDUCE_METHOD(name, reduction, Signature) \
+  {#name, as_method<DimReductionSpec<Reduction::reduction, Signature>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
   static PyMethodDef table[] = {
       TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_METHOD)
+      {"layer_norm", as_method<NormSpec<RowNorm::Layer>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
+      {"rms_norm", as_method<NormSpec<RowNorm::Rms>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
       {"_fast_call_setup", &fast_call_setup, METH_VARARGS,
-       "_fast_call_setup(plain_types, {name: (wrapper, docstring)}): the tensor types read directly, and each "
-       "entry point's Python wrapper and docstring."},
+       "_fast_call_setup(plain_types, {name: (wrapper, docstring)}): the tensor types read directly, and entry "
+       "points' Python wrappers and docstrings."},
       {nullptr, nullptr, 0, nullptr}};
 #undef TORCH_REDUCE_METHOD
   return table;

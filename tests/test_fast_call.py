@@ -1,5 +1,6 @@
-"""The drop-in reductions' C entry points (csrc/fast_call.cpp): the common call is parsed in C and goes straight
-to the op; every other call reaches the Python wrapper (torch_reduce/reductions.py) with its arguments as given.
+"""The drop-ins' C entry points (csrc/fast_call.cpp): the common call is parsed in C and goes straight to the op;
+every other call reaches the Python wrapper (torch_reduce/reductions.py, functional.py) with its arguments as
+given.
 Checked: which calls take which path, that both give the wrapper's results and errors, references (no leaks),
 threads, torch.compile, and the entry points' signatures."""
 import gc
@@ -13,10 +14,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import torch_reduce
-from torch_reduce import _C, reductions
+from torch_reduce import _entry_points, functional, reductions
 from conftest import DEVICES
 
-NAMES = list(reductions._WRAPPERS)
+WRAPPERS = {**reductions._WRAPPERS, **functional._WRAPPERS}
+NAMES = list(WRAPPERS)
 
 
 @pytest.fixture
@@ -31,16 +33,24 @@ def wrapper_calls():
         return counted
 
     def setup(table):
-        _C._fast_call_setup((torch.Tensor, torch.nn.Parameter),
-                            {n: (w, reductions._entry_doc(reductions._WRAPPERS[n])) for n, w in table.items()})
+        for name, w in table.items():  # each counting wrapper under its original's name and docstring
+            w.__name__, w.__doc__, w.__wrapped__ = name, WRAPPERS[name].__doc__, WRAPPERS[name]
+        _entry_points.setup(table)
 
-    setup({name: counting(name, w) for name, w in reductions._WRAPPERS.items()})
+    setup({name: counting(name, w) for name, w in WRAPPERS.items()})
     yield calls
-    setup(reductions._WRAPPERS)
+    _entry_points.setup(WRAPPERS)
 
 
 def common_calls(x):
     """(name, args, kwargs) the entry points take themselves."""
+    w, b = torch.randn(5, device=x.device), torch.randn(5, device=x.device)
+    yield "layer_norm", (x, (5,)), {}
+    yield "layer_norm", (x, [4, 5], torch.randn(4, 5, device=x.device), None), {}
+    yield "layer_norm", (x, x.shape[-1:]), {"weight": w, "bias": b, "eps": 1e-3}
+    yield "rms_norm", (x, 5), {}
+    yield "rms_norm", (x, (5,), w, 1e-6), {}
+    yield "rms_norm", (x, [5]), {"eps": None, "weight": torch.nn.Parameter(w)}
     yield "sum", (x,), {}
     yield "sum", (x, 1), {}
     yield "sum", (x, -1, True), {}
@@ -72,6 +82,13 @@ def wrapper_calls_of(x, out):
     yield "vector_norm", (x, "fro"), {}
     yield "vector_norm", (x, torch.tensor(2.0)), {}
     yield "sum", (x.as_subclass(Logged), 1), {}
+    w = torch.randn(5, device=x.device)
+    yield "layer_norm", (x, (5,), w.as_subclass(Logged)), {}
+    yield "layer_norm", (x, (6,)), {}                   # a shape the input does not end with: the op's error
+    yield "layer_norm", (x, 5.0), {}
+    yield "layer_norm", (), {"input": x, "normalized_shape": (5,)}
+    yield "rms_norm", (x, (5,), w), {"eps": torch.tensor(1e-5)}
+    yield "rms_norm", (x, (5,), None, 1e-5, 1), {}      # too many arguments
 
 
 class Logged(torch.Tensor):
@@ -101,7 +118,7 @@ def test_common_calls_skip_the_wrapper(device, wrapper_calls):
     x = torch.randn(3, 4, 5, device=device)
     for name, args, kwargs in common_calls(x):
         got = getattr(torch_reduce, name)(*args, **kwargs)
-        want = reductions._WRAPPERS[name](*args, **kwargs)
+        want = WRAPPERS[name](*args, **kwargs)
         assert same(got, want), (name, args, kwargs)
     assert sum(wrapper_calls.values()) == 0, wrapper_calls
     p = torch.nn.Parameter(x.clone())
@@ -116,7 +133,7 @@ def test_other_calls_reach_the_wrapper(device, wrapper_calls):
     cases = list(wrapper_calls_of(x, out))
     for name, args, kwargs in cases:
         got = outcome(getattr(torch_reduce, name), args, kwargs)
-        want = outcome(reductions._WRAPPERS[name], args, kwargs)
+        want = outcome(WRAPPERS[name], args, kwargs)
         assert same(got, want), (name, args, kwargs, got, want)
     assert sum(wrapper_calls.values()) == len(cases)  # each once, from the entry point (the second call is direct)
     assert Logged.seen, "the subclass's __torch_function__ was not called"
@@ -171,17 +188,19 @@ def test_threads():
     assert not errors
 
 
+COMPILE_ARGS = {"vector_norm": (2, 1), "layer_norm": ((7,),), "rms_norm": ((7,),)}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_compile_traces_the_wrapper(name):
     x = torch.randn(6, 7)
-    fn = getattr(torch_reduce, name)
-    compiled = torch.compile(lambda t: fn(t, 1) if name != "vector_norm" else fn(t, 2, 1), fullgraph=True)
-    want = fn(x, 1) if name != "vector_norm" else fn(x, 2, 1)
-    torch.testing.assert_close(compiled(x), want)
+    fn, args = getattr(torch_reduce, name), COMPILE_ARGS.get(name, (1,))
+    compiled = torch.compile(lambda t: fn(t, *args), fullgraph=True)
+    torch.testing.assert_close(compiled(x), fn(x, *args))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_signature_and_doc(name):
-    entry, wrapper = getattr(torch_reduce, name), reductions._WRAPPERS[name]
+    entry, wrapper = getattr(torch_reduce, name), WRAPPERS[name]
     assert list(inspect.signature(entry).parameters) == list(inspect.signature(wrapper).parameters)
     assert wrapper.__doc__ in entry.__doc__

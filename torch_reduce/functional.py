@@ -7,6 +7,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from . import _entry_points
+
 _Dims = Union[int, Sequence[int], None]
 _NOT_GIVEN = object()
 
@@ -69,3 +71,10 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     out, total, _ = torch.ops.reduce.add_rms_norm_fwd.default(input, residual, shape, weight, eps)
     return out, total
+
+
+# torch_reduce.layer_norm and rms_norm are C entry points (csrc/fast_call.cpp) over the wrappers above.
+_WRAPPERS = {"layer_norm": layer_norm, "rms_norm": rms_norm}
+_ENTRIES = _entry_points.install(_WRAPPERS)
+layer_norm = _ENTRIES["layer_norm"]
+rms_norm = _ENTRIES["rms_norm"]

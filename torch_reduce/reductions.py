@@ -7,13 +7,12 @@ the wrappers' own: the op's result is written into it with torch's rules (_write
 """
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from . import _C
+from . import _entry_points
 from .ops import DIM_REDUCTIONS, DimReduction, _c10_name, _result_dtype
 
 Dims = Union[int, Sequence[int], None]
@@ -96,29 +95,12 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     return reduction
 
 
-def _entry_point(wrapper: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """The wrapper's C entry point (csrc/fast_call.cpp), which parses the common call itself and hands every
-    other call to the wrapper; torch.compile traces the wrapper in its place."""
-    entry = getattr(_C, wrapper.__name__)
-    torch.compiler.substitute_in_graph(entry, skip_signature_check=True)(wrapper)
-    return entry
-
-
-def _entry_doc(wrapper: Callable[..., torch.Tensor]) -> str:
-    """The wrapper's signature (unannotated: a builtin's text signature) and docstring, for the entry point."""
-    signature = inspect.signature(wrapper)
-    bare = signature.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
-                                         for p in signature.parameters.values()],
-                             return_annotation=inspect.Signature.empty)
-    return f"{wrapper.__name__}{bare}\n--\n\n{wrapper.__doc__}"
-
-
 _WRAPPERS = {row.name: _wrapper(row) for row in DIM_REDUCTIONS}
-_C._fast_call_setup((torch.Tensor, torch.nn.Parameter), {n: (w, _entry_doc(w)) for n, w in _WRAPPERS.items()})
-sum = _entry_point(_WRAPPERS["sum"])  # noqa: A001  (torch's names, on purpose)
-mean = _entry_point(_WRAPPERS["mean"])
-amax = _entry_point(_WRAPPERS["amax"])
-amin = _entry_point(_WRAPPERS["amin"])
-prod = _entry_point(_WRAPPERS["prod"])
-vector_norm = _entry_point(_WRAPPERS["vector_norm"])
+_ENTRIES = _entry_points.install(_WRAPPERS)  # what torch_reduce.sum etc. are (csrc/fast_call.cpp)
+sum = _ENTRIES["sum"]  # noqa: A001  (torch's names, on purpose)
+mean = _ENTRIES["mean"]
+amax = _ENTRIES["amax"]
+amin = _ENTRIES["amin"]
+prod = _ENTRIES["prod"]
+vector_norm = _ENTRIES["vector_norm"]
 __all__ = list(_WRAPPERS)

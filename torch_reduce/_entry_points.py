@@ -1,0 +1,38 @@
+"""The C entry points of the drop-ins (csrc/fast_call.cpp): ``install(wrappers)`` hands each Python wrapper to
+its entry point, which parses the common call itself and calls the wrapper for every other; torch.compile traces
+the wrapper in the entry point's place."""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+
+from . import _C
+
+# Read directly by the entry points: neither has a __torch_function__ of its own.
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def docstring(wrapper: Callable) -> str:
+    """The wrapper's signature (unannotated: a builtin's text signature) and docstring."""
+    signature = inspect.signature(wrapper)
+    bare = signature.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                         for p in signature.parameters.values()],
+                             return_annotation=inspect.Signature.empty)
+    return f"{wrapper.__name__}{bare}\n--\n\n{wrapper.__doc__}"
+
+
+def setup(wrappers: dict[str, Callable]) -> None:
+    """Sets the entry points' wrappers (and docstrings), by name."""
+    _C._fast_call_setup(PLAIN_TENSOR_TYPES, {name: (w, docstring(w)) for name, w in wrappers.items()})
+
+
+def install(wrappers: dict[str, Callable]) -> dict[str, Callable]:
+    """The entry points of these wrappers, keyed by name, set up and known to torch.compile."""
+    setup(wrappers)
+    entries = {}
+    for name, wrapper in wrappers.items():
+        entries[name] = getattr(_C, name)
+        torch.compiler.substitute_in_graph(entries[name], skip_signature_check=True)(wrapper)
+    return entries
