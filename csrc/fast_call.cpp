@@ -1,12 +1,12 @@
-// The drop-in reductions' Python entry points (torch_reduce.sum, mean, amax, amin, prod, vector_norm), in C:
-// the common call (a plain tensor, dims as an int, a tuple or a list, keepdim, ord, no dtype= or out=) is parsed
-// here and goes to the op's typed dispatcher handle, unboxed. torch.ops' boxed path costs about 2.5 us more a
-// call than torch's own bindings (CPU tensors, 2 cores: torch.sum 2.0 us, the op through torch.ops 4.1 us,
-// through its Python wrapper 5.7 us), which made every small reduction slower than torch's.
-// Anything else takes the Python wrapper (torch_reduce/reductions.py), unchanged: tensor subclasses and
-// __torch_function__ modes, dtype= and out=, unusual argument types, and every call that raised or warned (the
-// wrapper runs it again, so its errors and warnings are the op's own, word for word). torch.compile traces the
-// wrapper in its place (torch.compiler.substitute_in_graph, in reductions.py).
+// The drop-ins' Python entry points in C: torch_reduce.sum, mean, amax, amin, prod, vector_norm, layer_norm and
+// rms_norm. The common call (plain tensors; dims or a shape as an int, a tuple or a list; keepdim, ord, eps; no
+// dtype= or out=) is parsed here and goes to the op's typed dispatcher handle, unboxed. torch.ops' boxed path
+// costs about 2.5 us more a call than torch's own bindings (CPU tensors, 2 cores: torch.sum 2.0 us, the op
+// through torch.ops 4.1 us, through its Python wrapper 5.7 us), which made every small reduction slower than
+// torch's. Anything else takes the Python wrapper (torch_reduce/reductions.py, functional.py), unchanged: tensor
+// subclasses and __torch_function__ modes, dtype= and out=, unusual argument types, and every call that raised
+// or warned (the wrapper runs it again, so its errors and warnings are the op's own, word for word).
+// torch.compile traces the wrapper in its place (torch.compiler.substitute_in_graph, _entry_points.py).
 //
 // Only Python's limited API is used, so _C stays abi3; two symbols come from libtorch_python, whose C++ ABI _C
 // depends on anyway: THPVariable_Wrap, and the tensor object's layout (a PyObject header, then the at::Tensor).
@@ -200,17 +200,18 @@ struct NormSpec {  // layer_norm(input, normalized_shape, weight, bias, eps), rm
     std::optional<double> eps;
   };
   static bool parse(PyObject* const* slots, Args& a) {
-    PyObject* const* s = slots;
-    if (s[1] == nullptr || !read_ints(s[1], a.shape) || !read_optional_tensor(s[2], a.weight)) return false;
-    if (kLayer && !read_optional_tensor(s[3], a.bias)) return false;
-    PyObject* eps = s[kLayer ? 4 : 3];
-    if (eps == nullptr) {
-      if (kLayer) a.eps = 1e-5;  // rms_norm's None: the op's default
-    } else if (eps != Py_None || kLayer) {
-      double value = 0;
-      if (!read_float(eps, value)) return false;
-      a.eps = value;
+    if (slots[1] == nullptr || !read_ints(slots[1], a.shape) || !read_optional_tensor(slots[2], a.weight)) {
+      return false;
     }
+    if (kLayer && !read_optional_tensor(slots[3], a.bias)) return false;
+    PyObject* eps = slots[kLayer ? 4 : 3];
+    if (eps == nullptr || eps == Py_None) {
+      if (kLayer) a.eps = 1e-5;  // the wrapper's default (eps=None: the wrapper's error)
+      return !(kLayer && eps == Py_None);  // rms_norm's None: the op's default, the dtype's machine epsilon
+    }
+    double value = 0;
+    if (!read_float(eps, value)) return false;
+    a.eps = value;
     return true;
   }
   static at::Tensor run(const Args& a) {
