@@ -1,5 +1,5 @@
-// The drop-ins' Python entry points in C: torch_reduce.sum, mean, amax, amin, prod, vector_norm, layer_norm and
-// rms_norm. The common call (plain tensors; dims or a shape as an int, a tuple or a list; keepdim, ord, eps; no
+// The drop-ins' Python entry points in C: torch_reduce.sum, mean, amax, amin, prod, vector_norm, layer_norm,
+// rms_norm, add_layer_norm and add_rms_norm. The common call (plain tensors; dims or a shape as an int, a tuple or a list; keepdim, ord, eps; no
 // dtype= or out=) is parsed here and goes to the op's typed dispatcher handle, unboxed. torch.ops' boxed path
 // costs about 2.5 us more a call than torch's own bindings (CPU tensors, 2 cores: torch.sum 2.0 us, the op
 // through torch.ops 4.1 us, through its Python wrapper 5.7 us), which made every small reduction slower than
@@ -35,8 +35,8 @@ struct TensorObject {  // torch/csrc/autograd/python_variable.h's THPVariable, u
 };
 
 // The entry points: the dim reductions' table, then the norms.
-enum class Entry { sum, mean, amax, amin, prod, vector_norm, layer_norm, rms_norm };
-constexpr size_t kEntries = 8;
+enum class Entry { sum, mean, amax, amin, prod, vector_norm, layer_norm, rms_norm, add_layer_norm, add_rms_norm };
+constexpr size_t kEntries = 10;
 #define TORCH_REDUCE_CHECK_ENTRY(name, reduction, Signature) \
   static_assert(static_cast<int>(Entry::name) == static_cast<int>(Reduction::reduction));
 TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_CHECK_ENTRY)
@@ -179,13 +179,21 @@ struct DimReductionSpec {
   }
 };
 
-template <RowNorm kNorm>
-struct NormSpec {  // layer_norm(input, normalized_shape, weight, bias, eps), rms_norm(input, normalized_shape, weight, eps)
+// layer_norm(input, normalized_shape, weight, bias, eps), rms_norm(input, normalized_shape, weight, eps), and
+// their fused residual adds add_layer_norm / add_rms_norm(input, residual, normalized_shape, ...): (out, sum).
+template <RowNorm kNorm, bool kAdd>
+struct NormSpec {
   static constexpr bool kLayer = kNorm == RowNorm::Layer;
-  static constexpr Entry kEntry = kLayer ? Entry::layer_norm : Entry::rms_norm;
-  static constexpr std::array<const char*, kLayer ? 5 : 4> kPositional = [] {
-    if constexpr (kLayer) {
+  static constexpr Entry kEntry = kLayer ? (kAdd ? Entry::add_layer_norm : Entry::layer_norm)
+                                         : (kAdd ? Entry::add_rms_norm : Entry::rms_norm);
+  static constexpr size_t kShape = kAdd ? 2 : 1;  // where normalized_shape is
+  static constexpr auto kPositional = [] {
+    if constexpr (kLayer && kAdd) {
+      return std::array<const char*, 6>{"input", "residual", "normalized_shape", "weight", "bias", "eps"};
+    } else if constexpr (kLayer) {
       return std::array<const char*, 5>{"input", "normalized_shape", "weight", "bias", "eps"};
+    } else if constexpr (kAdd) {
+      return std::array<const char*, 5>{"input", "residual", "normalized_shape", "weight", "eps"};
     } else {
       return std::array<const char*, 4>{"input", "normalized_shape", "weight", "eps"};
     }
@@ -195,16 +203,20 @@ struct NormSpec {  // layer_norm(input, normalized_shape, weight, bias, eps), rm
 
   struct Args {
     const at::Tensor* input;
+    const at::Tensor* residual;
     c10::SmallVector<int64_t, 8> shape;
     std::optional<at::Tensor> weight, bias;
     std::optional<double> eps;
   };
   static bool parse(PyObject* const* slots, Args& a) {
-    if (slots[1] == nullptr || !read_ints(slots[1], a.shape) || !read_optional_tensor(slots[2], a.weight)) {
-      return false;
+    if (kAdd) {
+      if (slots[1] == nullptr || !is_plain_tensor(slots[1])) return false;
+      a.residual = &tensor_of(slots[1]);
     }
-    if (kLayer && !read_optional_tensor(slots[3], a.bias)) return false;
-    PyObject* eps = slots[kLayer ? 4 : 3];
+    if (slots[kShape] == nullptr || !read_ints(slots[kShape], a.shape)) return false;
+    if (!read_optional_tensor(slots[kShape + 1], a.weight)) return false;
+    if (kLayer && !read_optional_tensor(slots[kShape + 2], a.bias)) return false;
+    PyObject* eps = slots[kShape + (kLayer ? 3 : 2)];
     if (eps == nullptr || eps == Py_None) {
       if (kLayer) a.eps = 1e-5;  // the wrapper's default (eps=None: the wrapper's error)
       return !(kLayer && eps == Py_None);  // rms_norm's None: the op's default, the dtype's machine epsilon
@@ -214,26 +226,52 @@ struct NormSpec {  // layer_norm(input, normalized_shape, weight, bias, eps), rm
     a.eps = value;
     return true;
   }
-  static at::Tensor run(const Args& a) {
+  static auto run(const Args& a) {
+    using at::Tensor;
+    using Optional = const std::optional<Tensor>&;
     const c10::SymIntArrayRef shape = c10::fromIntArrayRefSlow(a.shape);
-    if constexpr (kLayer) {
-      static const auto op =
-          c10::Dispatcher::singleton()
-              .findSchemaOrThrow("reduce::layer_norm_fwd", "")
-              .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                  const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&,
-                  const std::optional<at::Tensor>&, double)>();
-      return std::get<0>(op.call(*a.input, shape, a.weight, a.bias, *a.eps));
+    const auto op = [](const char* name, auto* signature) {
+      return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<std::remove_pointer_t<decltype(signature)>>();
+    };
+    if constexpr (kLayer && kAdd) {
+      using Fn = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, c10::SymIntArrayRef,
+                                                              Optional, Optional, double);
+      static const auto handle = op("reduce::add_layer_norm_fwd", static_cast<Fn*>(nullptr));
+      const auto r = handle.call(*a.input, *a.residual, shape, a.weight, a.bias, *a.eps);
+      return std::make_tuple(std::get<0>(r), std::get<1>(r));
+    } else if constexpr (kLayer) {
+      using Fn = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, c10::SymIntArrayRef, Optional, Optional, double);
+      static const auto handle = op("reduce::layer_norm_fwd", static_cast<Fn*>(nullptr));
+      return std::get<0>(handle.call(*a.input, shape, a.weight, a.bias, *a.eps));
+    } else if constexpr (kAdd) {
+      using Fn = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, c10::SymIntArrayRef, Optional,
+                                                    std::optional<double>);
+      static const auto handle = op("reduce::add_rms_norm_fwd", static_cast<Fn*>(nullptr));
+      const auto r = handle.call(*a.input, *a.residual, shape, a.weight, a.eps);
+      return std::make_tuple(std::get<0>(r), std::get<1>(r));
     } else {
-      static const auto op = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("reduce::rms_norm_fwd", "")
-                                 .typed<std::tuple<at::Tensor, at::Tensor>(
-                                     const at::Tensor&, c10::SymIntArrayRef, const std::optional<at::Tensor>&,
-                                     std::optional<double>)>();
-      return std::get<0>(op.call(*a.input, shape, a.weight, a.eps));
+      using Fn = std::tuple<Tensor, Tensor>(const Tensor&, c10::SymIntArrayRef, Optional, std::optional<double>);
+      static const auto handle = op("reduce::rms_norm_fwd", static_cast<Fn*>(nullptr));
+      return std::get<0>(handle.call(*a.input, shape, a.weight, a.eps));
     }
   }
 };
+
+PyObject* wrap(const at::Tensor& t) { return THPVariable_Wrap(t); }
+
+PyObject* wrap(const std::tuple<at::Tensor, at::Tensor>& pair) {
+  PyObject* first = THPVariable_Wrap(std::get<0>(pair));
+  PyObject* second = first == nullptr ? nullptr : THPVariable_Wrap(std::get<1>(pair));
+  PyObject* tuple = second == nullptr ? nullptr : PyTuple_New(2);
+  if (tuple == nullptr) {
+    Py_XDECREF(first);
+    Py_XDECREF(second);
+    return nullptr;
+  }
+  PyTuple_SetItem(tuple, 0, first);
+  PyTuple_SetItem(tuple, 1, second);
+  return tuple;
+}
 
 // Records whether the op warned: such a call is run again by the wrapper, which turns torch's warnings into
 // Python's as torch's bindings do.
@@ -267,7 +305,7 @@ PyObject* entry_point(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObje
   a.input = &tensor_of(slots[0]);
   if (!Spec::parse(slots.data(), a)) return slow();
 
-  at::Tensor result;
+  decltype(Spec::run(a)) result;
   bool failed = false;
   WarningSeen warnings;
   PyThreadState* released = PyEval_SaveThread();
@@ -279,7 +317,7 @@ PyObject* entry_point(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObje
   }
   PyEval_RestoreThread(released);
   if (failed || warnings.seen) return slow();
-  return THPVariable_Wrap(result);
+  return wrap(result);
 }
 
 PyMethodDef* methods();
@@ -328,8 +366,10 @@ PyMethodDef* methods() {  // in Entry's order
   {#name, as_method<DimReductionSpec<Reduction::reduction, Signature>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
   static PyMethodDef table[] = {
       TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_METHOD)
-      {"layer_norm", as_method<NormSpec<RowNorm::Layer>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
-      {"rms_norm", as_method<NormSpec<RowNorm::Rms>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
+      {"layer_norm", as_method<NormSpec<RowNorm::Layer, false>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
+      {"rms_norm", as_method<NormSpec<RowNorm::Rms, false>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
+      {"add_layer_norm", as_method<NormSpec<RowNorm::Layer, true>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
+      {"add_rms_norm", as_method<NormSpec<RowNorm::Rms, true>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
       {"_fast_call_setup", &fast_call_setup, METH_VARARGS,
        "_fast_call_setup(plain_types, {name: (wrapper, docstring)}): the tensor types read directly, and entry "
        "points' Python wrappers and docstrings."},

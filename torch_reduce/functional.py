@@ -73,8 +73,11 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
     return out, total
 
 
-# torch_reduce.layer_norm and rms_norm are C entry points (csrc/fast_call.cpp) over the wrappers above.
-_WRAPPERS = {"layer_norm": layer_norm, "rms_norm": rms_norm}
+# The norms are C entry points (csrc/fast_call.cpp) over the wrappers above.
+_WRAPPERS = {"layer_norm": layer_norm, "rms_norm": rms_norm, "add_layer_norm": add_layer_norm,
+             "add_rms_norm": add_rms_norm}
 _ENTRIES = _entry_points.install(_WRAPPERS)
 layer_norm = _ENTRIES["layer_norm"]
 rms_norm = _ENTRIES["rms_norm"]
+add_layer_norm = _ENTRIES["add_layer_norm"]
+add_rms_norm = _ENTRIES["add_rms_norm"]
