@@ -77,14 +77,18 @@ CASES = [
          "torch_reduce.layer_norm(x, (1024,), w, b)", on_cpu=True),
     Case("rms_norm (8, 1024)", (8, 1024), "F.rms_norm(x, (1024,), w)", "torch_reduce.rms_norm(x, (1024,), w)",
          on_cpu=True),
+    # torch: the add, then the norm; ours returns (norm, sum), of which the check compares the norm.
+    Case("add_rms_norm (8, 1024)", (8, 1024), "F.rms_norm(x + r, (1024,), w)",
+         "torch_reduce.add_rms_norm(x, r, (1024,), w)[0]", on_cpu=True),
 ]
 
 
 def _namespace(case: Case, device: str) -> dict:
-    """The names the statements use: x, the norms' w and b, and op for the direct call."""
+    """The names the statements use: x, the residual r, the norms' w and b, and op for the direct call."""
     hidden = case.shape[-1]
     return {"torch": torch, "torch_reduce": torch_reduce, "F": F, "op": torch.ops.reduce.sum.default,
-            "x": torch.randn(case.shape, device=device), "w": torch.randn(hidden, device=device),
+            "x": torch.randn(case.shape, device=device), "r": torch.randn(case.shape, device=device),
+            "w": torch.randn(hidden, device=device),
             "b": torch.randn(hidden, device=device)}
 
 
