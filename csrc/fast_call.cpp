@@ -34,9 +34,14 @@ struct TensorObject {  // torch/csrc/autograd/python_variable.h's THPVariable, u
   at::Tensor cdata;
 };
 
-// The entry points: the dim reductions' table, then the norms.
-enum class Entry { sum, mean, amax, amin, prod, vector_norm, layer_norm, rms_norm, add_layer_norm, add_rms_norm };
-constexpr size_t kEntries = 10;
+// The entry points: the dim reductions' table (a new row gets one with nothing else to write), then the norms.
+enum class Entry {
+#define TORCH_REDUCE_ENTRY(name, reduction, Signature) name,
+  TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_ENTRY)
+#undef TORCH_REDUCE_ENTRY
+  layer_norm, rms_norm, add_layer_norm, add_rms_norm, kCount
+};
+constexpr auto kEntries = static_cast<size_t>(Entry::kCount);
 #define TORCH_REDUCE_CHECK_ENTRY(name, reduction, Signature) \
   static_assert(static_cast<int>(Entry::name) == static_cast<int>(Reduction::reduction));
 TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_CHECK_ENTRY)
