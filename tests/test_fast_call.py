@@ -12,6 +12,7 @@ import threading
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_reduce
 from torch_reduce import _entry_points, functional, reductions
@@ -161,6 +162,23 @@ def test_torch_function_mode_sees_the_call(wrapper_calls):
         got = torch_reduce.sum(x, 1)
     torch.testing.assert_close(got, x.sum(1))
     assert wrapper_calls["sum"] == 1 and seen
+
+
+def test_torch_dispatch_modes_see_the_op(wrapper_calls):
+    """The entry points release the GIL around the op; a dispatch mode (Python, below the dispatcher) takes it back."""
+    seen = []
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 6)
+    with Mode():
+        torch_reduce.sum(x, 1)
+        torch_reduce.add_rms_norm(x, x, 6)
+    assert seen == [torch.ops.reduce.sum.default, torch.ops.reduce.add_rms_norm_fwd.default]
+    assert sum(wrapper_calls.values()) == 0
 
 
 def test_no_reference_leaks():
