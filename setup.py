@@ -5,8 +5,8 @@ CppExtension with the CPU kernels only. TORCH_REDUCE_CPU_ONLY=1 forces the CPU-o
 
 _C uses only Python's limited API (csrc/module.cpp, csrc/fast_call.cpp; the ops register through torch's
 dispatcher), so one wheel serves every CPython >= 3.10 (abi3); it links libtorch_python for the one function that
-wraps a tensor as a Python object (the drop-in reductions' C entry points). It does depend on torch's C++ ABI, which
-changes with every torch release: the wheel requires the torch it was built against, exactly, and
+wraps a tensor as a Python object (the drop-ins' C entry points, fast_call.cpp). It does depend on torch's C++
+ABI, which changes with every torch release: the wheel requires the torch it was built against, exactly, and
 torch_reduce/_build_info.py records that torch for the check at import (torch_reduce/_check_torch.py).
 """
 import glob

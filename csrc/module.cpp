@@ -1,5 +1,5 @@
 // `import torch_reduce._C` loads the shared library, whose static initialisers register the ops; the module
-// itself holds the drop-in reductions' C entry points (fast_call.cpp).
+// itself holds the drop-ins' C entry points (fast_call.cpp).
 #include <Python.h>
 
 namespace torch_reduce {

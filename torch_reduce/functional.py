@@ -1,5 +1,6 @@
 """var_mean, layer_norm and rms_norm with torch's signatures, and the fused residual adds add_layer_norm and
-add_rms_norm, on torch.ops.reduce (differentiable, torch.compile-able)."""
+add_rms_norm, on torch.ops.reduce (differentiable, torch.compile-able). The norms exported are C entry points
+(csrc/fast_call.cpp) over the wrappers written here."""
 from __future__ import annotations
 
 from numbers import Number

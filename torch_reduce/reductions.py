@@ -3,7 +3,9 @@ arguments of ``torch.sum/mean/amax/amin/prod`` and ``torch.linalg.vector_norm`` 
 errors (dims as an int, a tuple, negative, None or (), keepdim, dtype=, out=, empty tensors, NaN). Each calls
 its registered op ``torch.ops.reduce.<name>`` (CPU and CUDA kernels, autograd and autocast in csrc/, fake
 kernels in ops.py); one wrapper per row of ops.DIM_REDUCTIONS, whose signature decides the arguments. out= is
-the wrappers' own: the op's result is written into it with torch's rules (_write_out).
+the wrappers' own: the op's result is written into it with torch's rules (_write_out). The names exported are
+the rows' C entry points (csrc/fast_call.cpp), which call the op directly for the common call and the wrapper
+for every other.
 """
 from __future__ import annotations
 
