@@ -1,12 +1,13 @@
 // The drop-ins' Python entry points in C: torch_reduce.sum, mean, amax, amin, prod, vector_norm, layer_norm,
-// rms_norm, add_layer_norm and add_rms_norm. The common call (plain tensors; dims or a shape as an int, a tuple or a list; keepdim, ord, eps; no
-// dtype= or out=) is parsed here and goes to the op's typed dispatcher handle, unboxed. torch.ops' boxed path
-// costs about 2.5 us more a call than torch's own bindings (CPU tensors, 2 cores: torch.sum 2.0 us, the op
-// through torch.ops 4.1 us, through its Python wrapper 5.7 us), which made every small reduction slower than
-// torch's. Anything else takes the Python wrapper (torch_reduce/reductions.py, functional.py), unchanged: tensor
-// subclasses and __torch_function__ modes, dtype= and out=, unusual argument types, and every call that raised
-// or warned (the wrapper runs it again, so its errors and warnings are the op's own, word for word).
-// torch.compile traces the wrapper in its place (torch.compiler.substitute_in_graph, _entry_points.py).
+// rms_norm, add_layer_norm, add_rms_norm and var_mean. The common call (plain tensors; dims or a shape as an int,
+// a tuple or a list; keepdim, ord, eps, correction; no dtype=, out= or unbiased) is parsed here and goes to the
+// op's typed dispatcher handle, unboxed. torch.ops' boxed path costs about 2.5 us more a call than torch's own
+// bindings (CPU tensors, 2 cores: torch.sum 2.0 us, the op through torch.ops 4.1 us, through its Python wrapper
+// 5.7 us), which made every small reduction slower than torch's. Anything else takes the Python wrapper
+// (torch_reduce/reductions.py, functional.py), unchanged: tensor subclasses and __torch_function__ modes, dtype=
+// and out=, unusual argument types, and every call that raised or warned (the wrapper runs it again, so its
+// errors and warnings are the op's own, word for word). torch.compile traces the wrapper in its place
+// (torch.compiler.substitute_in_graph, _entry_points.py).
 //
 // Only Python's limited API is used, so _C stays abi3; two symbols come from libtorch_python, whose C++ ABI _C
 // depends on anyway: THPVariable_Wrap, and the tensor object's layout (a PyObject header, then the at::Tensor).
@@ -39,7 +40,7 @@ enum class Entry {
 #define TORCH_REDUCE_ENTRY(name, reduction, Signature) name,
   TORCH_REDUCE_DIM_REDUCTIONS(TORCH_REDUCE_ENTRY)
 #undef TORCH_REDUCE_ENTRY
-  layer_norm, rms_norm, add_layer_norm, add_rms_norm, kCount
+  layer_norm, rms_norm, add_layer_norm, add_rms_norm, var_mean, kCount
 };
 constexpr auto kEntries = static_cast<size_t>(Entry::kCount);
 #define TORCH_REDUCE_CHECK_ENTRY(name, reduction, Signature) \
@@ -262,6 +263,50 @@ struct NormSpec {
   }
 };
 
+// var_mean(input, dim, keepdim=, correction=): (var, mean). The wrapper's other forms (unbiased, positional or a
+// bool in dim's place) are its own.
+struct VarMeanSpec {
+  static constexpr Entry kEntry = Entry::var_mean;
+  static constexpr std::array<const char*, 4> kPositional{"input", "dim", "unbiased", "keepdim"};
+  static constexpr std::array<const char*, 1> kKeywordOnly{"correction"};
+  static constexpr size_t kGiven = kPositional.size() + kKeywordOnly.size();  // correction is read here
+
+  struct Args {
+    const at::Tensor* input;
+    c10::SmallVector<int64_t, 8> dims;
+    bool all_dims, keepdim;
+    std::optional<at::Scalar> correction;
+  };
+  static bool parse(PyObject* const* slots, Args& a) {
+    PyObject *dim = slots[1], *keepdim = slots[3], *correction = slots[4];
+    if (slots[2] != nullptr) return false;
+    a.all_dims = dim == nullptr || dim == Py_None;
+    if (!a.all_dims && !read_ints(dim, a.dims)) return false;
+    if (keepdim != nullptr && keepdim != Py_True && keepdim != Py_False) return false;
+    a.keepdim = keepdim == Py_True;
+    if (correction == nullptr || correction == Py_None) return true;
+    int64_t whole = 0;
+    double real = 0;
+    if (read_int(correction, whole)) {
+      a.correction = at::Scalar(whole);
+    } else if (PyFloat_CheckExact(correction) && read_float(correction, real)) {
+      a.correction = at::Scalar(real);
+    } else {
+      return false;
+    }
+    return true;
+  }
+  static std::tuple<at::Tensor, at::Tensor> run(const Args& a) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("reduce::var_mean", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor>(
+                                   const at::Tensor&, at::OptionalIntArrayRef, const std::optional<at::Scalar>&, bool)>();
+    at::OptionalIntArrayRef dim;
+    if (!a.all_dims) dim = at::IntArrayRef(a.dims);
+    return op.call(*a.input, dim, a.correction, a.keepdim);
+  }
+};
+
 PyObject* wrap(const at::Tensor& t) { return THPVariable_Wrap(t); }
 
 PyObject* wrap(const std::tuple<at::Tensor, at::Tensor>& pair) {
@@ -375,6 +420,7 @@ PyMethodDef* methods() {  // in Entry's order
       {"rms_norm", as_method<NormSpec<RowNorm::Rms, false>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
       {"add_layer_norm", as_method<NormSpec<RowNorm::Layer, true>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
       {"add_rms_norm", as_method<NormSpec<RowNorm::Rms, true>>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
+      {"var_mean", as_method<VarMeanSpec>(), METH_FASTCALL | METH_KEYWORDS, nullptr},
       {"_fast_call_setup", &fast_call_setup, METH_VARARGS,
        "_fast_call_setup(plain_types, {name: (wrapper, docstring)}): the tensor types read directly, and entry "
        "points' Python wrappers and docstrings."},

@@ -14,13 +14,27 @@ from . import _C
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
+def _is_literal(default) -> bool:
+    return default is inspect.Parameter.empty or isinstance(default, (type(None), bool, int, float, str))
+
+
+class _NotGiven:
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
 def docstring(wrapper: Callable) -> str:
-    """The wrapper's signature (unannotated: a builtin's text signature) and docstring."""
+    """The wrapper's signature and docstring. A signature whose defaults are all literals becomes the builtin's
+    text signature (read by inspect.signature); one with a sentinel default (var_mean's "not given") is shown as
+    the doc's first line alone, as torch's builtins show theirs."""
     signature = inspect.signature(wrapper)
-    bare = signature.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
-                                         for p in signature.parameters.values()],
-                             return_annotation=inspect.Signature.empty)
-    return f"{wrapper.__name__}{bare}\n--\n\n{wrapper.__doc__}"
+    parameters = [p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()]
+    bare = signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty)
+    if all(_is_literal(p.default) for p in parameters):
+        return f"{wrapper.__name__}{bare}\n--\n\n{wrapper.__doc__}"
+    shown = str(bare.replace(parameters=[p if _is_literal(p.default) else p.replace(default=_NotGiven())
+                                         for p in parameters]))
+    return f"{wrapper.__name__}{shown}\n\n{wrapper.__doc__}"
 
 
 def setup(wrappers: dict[str, Callable]) -> None:

@@ -1,5 +1,5 @@
 """var_mean, layer_norm and rms_norm with torch's signatures, and the fused residual adds add_layer_norm and
-add_rms_norm, on torch.ops.reduce (differentiable, torch.compile-able). The norms exported are C entry points
+add_rms_norm, on torch.ops.reduce (differentiable, torch.compile-able). What is exported are C entry points
 (csrc/fast_call.cpp) over the wrappers written here."""
 from __future__ import annotations
 
@@ -74,10 +74,11 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
     return out, total
 
 
-# The norms are C entry points (csrc/fast_call.cpp) over the wrappers above.
-_WRAPPERS = {"layer_norm": layer_norm, "rms_norm": rms_norm, "add_layer_norm": add_layer_norm,
+# C entry points (csrc/fast_call.cpp) over the wrappers above.
+_WRAPPERS = {"var_mean": var_mean, "layer_norm": layer_norm, "rms_norm": rms_norm, "add_layer_norm": add_layer_norm,
              "add_rms_norm": add_rms_norm}
 _ENTRIES = _entry_points.install(_WRAPPERS)
+var_mean = _ENTRIES["var_mean"]
 layer_norm = _ENTRIES["layer_norm"]
 rms_norm = _ENTRIES["rms_norm"]
 add_layer_norm = _ENTRIES["add_layer_norm"]
