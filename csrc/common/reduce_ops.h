@@ -194,11 +194,10 @@ struct Welford {
   TR_HOST_DEVICE Welford(T mean_, T m2_, T count_) : mean(mean_), m2(m2_), count(count_) {}
   TR_HOST_DEVICE explicit Welford(T x) : mean(x), m2(T(0)), count(T(1)) {}  // one element
 #if defined(__CUDACC__)
-  // What block_reduce.cuh's shfl_down uses for accumulator structs: each field shuffled on its own.
-  __device__ __forceinline__ static Welford shfl_down(const Welford& v, unsigned offset, unsigned width) {
-    return Welford(__shfl_down_sync(0xffffffffu, v.mean, offset, width),
-                   __shfl_down_sync(0xffffffffu, v.m2, offset, width),
-                   __shfl_down_sync(0xffffffffu, v.count, offset, width));
+  // What block_reduce.cuh's shuffles use for accumulator structs: each field shuffled on its own.
+  template <typename Shuffle>
+  __device__ __forceinline__ static Welford shuffled(const Welford& v, Shuffle shuffle) {
+    return Welford(shuffle(v.mean), shuffle(v.m2), shuffle(v.count));
   }
 #endif
 };
@@ -211,9 +210,9 @@ struct SumPair {
   SumPair() = default;
   TR_HOST_DEVICE SumPair(T first_, T second_) : first(first_), second(second_) {}
 #if defined(__CUDACC__)
-  __device__ __forceinline__ static SumPair shfl_down(const SumPair& v, unsigned offset, unsigned width) {
-    return SumPair(__shfl_down_sync(0xffffffffu, v.first, offset, width),
-                   __shfl_down_sync(0xffffffffu, v.second, offset, width));
+  template <typename Shuffle>
+  __device__ __forceinline__ static SumPair shuffled(const SumPair& v, Shuffle shuffle) {
+    return SumPair(shuffle(v.first), shuffle(v.second));
   }
 #endif
 };

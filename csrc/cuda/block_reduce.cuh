@@ -49,15 +49,26 @@ __device__ void tree_sequential(T* sdata, unsigned tid) {
 
 // ---------------------------------------------------------------- warp and block (shuffles) ----
 
-// __shfl_down_sync for numbers, and for accumulator structs (e.g. Welford's) through their own
-// `T::shfl_down(v, offset, width)`, so every tree below works for both.
-template <typename T>
-__device__ __forceinline__ T shfl_down(T v, unsigned offset, unsigned width) {
+// A warp shuffle (`shuffle(number)`, e.g. a __shfl_down_sync) of a number, or of an accumulator struct (e.g.
+// Welford's) field by field through its own `T::shuffled(v, shuffle)`, so every tree below works for both.
+template <typename T, typename Shuffle>
+__device__ __forceinline__ T shuffled(const T& v, Shuffle shuffle) {
   if constexpr (std::is_arithmetic_v<T>) {
-    return __shfl_down_sync(kFullMask, v, offset, width);
+    return shuffle(v);
   } else {
-    return T::shfl_down(v, offset, width);
+    return T::shuffled(v, shuffle);
   }
+}
+
+template <typename T>
+__device__ __forceinline__ T shfl_down(const T& v, unsigned offset, unsigned width) {
+  return shuffled(v, [=](auto x) { return __shfl_down_sync(kFullMask, x, offset, width); });
+}
+
+// Lane `source`'s value, in every lane of the warp.
+template <typename T>
+__device__ __forceinline__ T shfl_broadcast(const T& v, unsigned source) {
+  return shuffled(v, [=](auto x) { return __shfl_sync(kFullMask, x, source); });
 }
 
 // Lane i combines lane i+offset, offsets WIDTH/2 .. 1: the same pairing as the sequential tree, so a

@@ -13,12 +13,18 @@
 //   Held:   in registers (16-bit ones packed), for rows of up to Tuning::kHeldItems vectors a thread;
 //   Reread: wider rows (up to Tuning::kRereadItems vectors a thread): read again in the second pass, from L2
 //           (the block's row was just read), so that the registers hold the accumulators alone.
-// Measured on the H200 and kept out: staging the next row in shared memory with cp.async while this one is
-// computed (two stages, no register copy of the row) was slower in float32 (65536x4096: 65% of the line
-// against 82%) and no faster in bfloat16 overall: the bfloat16 kernel is bound by its arithmetic and the
-// per-row reductions, not by loads in flight. Bulk copies (TMA) of x and dy into shared memory, 2-4 rows
-// ahead per block, the column sums in registers (32 elements a thread), lost too: bfloat16 0.52-1.03x the
-// Held kernel's speed (16384x4096: 185 vs 147 us), float32 0.64-1.00x.
+// Measured on the H200 and kept out (bfloat16 runs at 35-75% of the line; none of these moved it):
+// - the next row staged in shared memory with cp.async while this one is computed (two stages): float32
+//   65536x4096 65% of the line against 82%; bfloat16 no faster;
+// - bulk copies (TMA) of x and dy into shared memory 2-4 rows ahead per block, column sums in registers:
+//   bfloat16 0.52-1.03x the Held kernel (16384x4096: 185 vs 147 us), float32 0.64-1.00x;
+// - the next row's x and dy loaded into registers during this one, by loads the compiler may not move or
+//   repeat (ld.global volatile, issued before the row's barrier; SASS checked), two vectors a thread: within
+//   2% at 13 shapes, LayerNorm and RMSNorm; one vector a thread at 1024 threads per SM: 0.59-1.09x;
+// - bfloat16 unpacked by shift and mask (11% fewer instructions, ptxas): 0-3% slower.
+// So neither loads in flight nor the instruction count is what holds it. Nsight Compute, bfloat16 16384x4096:
+// 121 registers, 4 warps per scheduler (1.2 eligible), an instruction issued in 57% of cycles, DRAM 50% busy,
+// the top stall (30%) a wait on L1TEX (weight and statistics loads, shared memory).
 // Streaming kernel (rows that are not 16-byte aligned, or wider): element by element, the column sums in
 // shared memory, or in global scratch when two blocks' worth do not fit an SM.
 #include <ATen/cuda/CUDAContext.h>
@@ -88,10 +94,11 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
   const int64_t vectors = cols / kSize, slots = param_sums(kNorm) * cols;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups;
   const acc_t inv_cols = acc_t(1) / static_cast<acc_t>(cols);
+  constexpr bool kHeld = kSource == RowSource::Held;
   // Vector k (column vector i) of tensor j (0: x, 1: dy) of the current row; again: the second pass.
-  RowRegisters<scalar_t, kSource == RowSource::Held ? ITEMS : 1> xr, dyr;
+  RowRegisters<scalar_t, kHeld ? ITEMS : 1> xr, dyr;
   const auto row_vector = [&](int j, int64_t row, int k, int64_t i, bool again) {
-    if constexpr (kSource == RowSource::Held) {
+    if constexpr (kHeld) {
       return j == 0 ? xr.v[k] : dyr.v[k];
     } else {
       const auto* p = reinterpret_cast<const V*>((j == 0 ? in : grad_out) + row * cols) + i;
@@ -105,9 +112,10 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
 #pragma unroll
     for (int e = 0; e < kSize; ++e) dw[k][e] = db[k][e] = 0;
   }
+  GroupAllreduce<GROUP, BLOCK, SumPair<acc_t>> allreduce;
   // The group's rows; whole groups iterate together, so every thread reaches the group's reductions.
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kGroups + group; row < rows; row += step) {
-    if constexpr (kSource == RowSource::Held) {
+    if constexpr (kHeld) {
       load_row<GROUP>(xr, in + row * cols, vectors, t);
       load_row<GROUP>(dyr, grad_out + row * cols, vectors, t);
     }
@@ -138,8 +146,8 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
         sums.second += g * ((static_cast<acc_t>(xv.value[e]) - mu) * rs);
       }
     });
-    sums = group_allreduce<GROUP, BLOCK>(sums, SumPairOp<acc_t>());
-    if constexpr (kSource == RowSource::Held) {
+    sums = allreduce(sums, SumPairOp<acc_t>());
+    if constexpr (kHeld) {
       repack(xr);
       repack(dyr);
     }
@@ -210,6 +218,7 @@ __global__ void __launch_bounds__(BLOCK)
   acc_t* const weight_sums = columns + group * slots;
   acc_t* const bias_sums = weight_sums + cols;
   const acc_t inv_cols = acc_t(1) / static_cast<acc_t>(cols);
+  GroupAllreduce<GROUP, BLOCK, SumPair<acc_t>> allreduce;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kGroups + group; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kGroups) {
     const scalar_t* x = in + row * cols;
@@ -222,7 +231,7 @@ __global__ void __launch_bounds__(BLOCK)
       if (kLayer) sums.first += g;
       sums.second += g * ((static_cast<acc_t>(x[j]) - mu) * rs);
     }
-    sums = group_allreduce<GROUP, BLOCK>(sums, SumPairOp<acc_t>());
+    sums = allreduce(sums, SumPairOp<acc_t>());
     const acc_t mean_g = kLayer ? sums.first * inv_cols : acc_t(0), mean_gx = sums.second * inv_cols;
     for (int64_t j = t; j < cols; j += GROUP) {
       const acc_t d = static_cast<acc_t>(dy[j]), xhat = (static_cast<acc_t>(x[j]) - mu) * rs;
