@@ -8,6 +8,7 @@ import inspect
 import math
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -15,10 +16,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_reduce
-from torch_reduce import _entry_points, functional, reductions
+from torch_reduce import _entry_points, functional, grad_norm, reductions
 from conftest import DEVICES
 
-WRAPPERS = {**reductions._WRAPPERS, **functional._WRAPPERS}
+WRAPPERS = {**reductions._WRAPPERS, **functional._WRAPPERS, **grad_norm._WRAPPERS}
 NAMES = list(WRAPPERS)
 
 
@@ -191,6 +192,122 @@ def test_torch_dispatch_modes_see_the_op(wrapper_calls):
     assert sum(wrapper_calls.values()) == 0
 
 
+def parameters_with_grads(device, seed):
+    """Leaf parameters of several shapes and dtypes, one without a gradient; the same values for the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(3, 4), (17,), (2, 3, 5), (1,), (6,)]
+    params = [torch.nn.Parameter(torch.randn(shape, generator=generator).to(device)) for shape in shapes]
+    for p in params[:-1]:
+        p.grad = torch.randn(p.shape, generator=generator).to(device)
+    return params
+
+
+def clip_calls():
+    """(make the parameters' container, args after it, kwargs): clip_grad_norm_ calls the entry point takes."""
+    yield list, (0.5,), {}
+    yield tuple, (0.5, 1), {}
+    yield iter, (2,), {"norm_type": math.inf}
+    yield (lambda ps: (p for p in ps)), (0.25,), {"foreach": False}
+    yield list, (), {"max_norm": 3.0, "norm_type": 2.0, "error_if_nonfinite": False, "foreach": None}
+
+
+def clip_wrapper_calls(device):
+    """(make, args, kwargs) of clip_grad_norm_ calls left to the wrapper."""
+    yield (lambda ps: ps[0]), (0.5,), {}                                    # one tensor
+    yield (lambda ps: (p for p in ps)), (0.5,), {"error_if_nonfinite": True}  # a generator, read before
+    yield list, (0.5,), {"foreach": True}
+    yield (lambda ps: [p.detach().requires_grad_() for p in ps]), (0.5,), {}  # no gradients
+    yield list, (torch.tensor(0.5, device=device),), {}                     # a tensor max_norm
+    yield (lambda ps: [p.as_subclass(Logged) for p in ps]), (0.5,), {}
+
+
+def clip_outcome(fn, make, args, kwargs, device, seed):
+    params = parameters_with_grads(device, seed)
+    try:
+        total = fn(make(params), *args, **kwargs)
+    except Exception as error:  # noqa: BLE001  (compared below)
+        return type(error), str(error).splitlines()[0]
+    return total, [p.grad for p in params]
+
+
+def assert_same_clip(got, want):
+    if isinstance(want[0], type):
+        assert got == want
+        return
+    torch.testing.assert_close(got[0], want[0])
+    assert len(got[1]) == len(want[1])
+    for g, w in zip(got[1], want[1]):
+        assert (g is None) == (w is None)
+        if g is not None:
+            torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_clip_grad_norm_entry_point(device, wrapper_calls):
+    """The common calls skip the wrapper; the others reach it, a generator already read as a list; both give
+    torch.nn.utils.clip_grad_norm_'s total and gradients."""
+    for seed, (make, args, kwargs) in enumerate(clip_calls()):
+        got = clip_outcome(torch_reduce.clip_grad_norm_, make, args, kwargs, device, seed)
+        want = clip_outcome(torch.nn.utils.clip_grad_norm_, make, args, kwargs, device, seed)
+        assert_same_clip(got, want)
+    assert wrapper_calls["clip_grad_norm_"] == 0
+    cases = list(clip_wrapper_calls(device))
+    for seed, (make, args, kwargs) in enumerate(cases):
+        got = clip_outcome(torch_reduce.clip_grad_norm_, make, args, kwargs, device, seed)
+        want = clip_outcome(torch.nn.utils.clip_grad_norm_, make, args, kwargs, device, seed)
+        assert_same_clip(got, want)
+    assert wrapper_calls["clip_grad_norm_"] == len(cases)
+
+
+def test_clip_grad_norm_entry_point_errors(wrapper_calls):
+    """Errors are the wrapper's (or Python's), whichever path raised them."""
+    params = parameters_with_grads("cpu", 0)
+    with pytest.raises(TypeError, match="not iterable"):
+        torch_reduce.clip_grad_norm_(3, 1.0)
+    with pytest.raises(TypeError):
+        torch_reduce.clip_grad_norm_(params)  # max_norm missing
+    with pytest.raises(TypeError):
+        torch_reduce.clip_grad_norm_(params, 1.0, max_norm=1.0)  # given twice
+    with pytest.raises(RuntimeError, match="non-finite"):
+        params[0].grad[0, 0] = math.nan
+        torch_reduce.clip_grad_norm_(params, 1.0, error_if_nonfinite=True)
+
+    def broken():
+        yield params[0]
+        raise ValueError("broken iterable")
+
+    with pytest.raises(ValueError, match="broken iterable"):
+        torch_reduce.clip_grad_norm_(broken(), 1.0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert torch_reduce.clip_grad_norm_((p for p in []), 1.0).item() == 0
+    assert any("empty generator" in str(w.message) for w in seen)
+
+
+def test_clip_grad_norm_non_leaf_takes_the_wrapper(wrapper_calls):
+    """A non-leaf tensor's .grad warns (torch's UserWarning) and is None: the wrapper's call, not ours."""
+    leaf = torch.nn.Parameter(torch.randn(4))
+    leaf.grad = torch.ones(4)
+    non_leaf = leaf * 2
+    with pytest.warns(UserWarning, match="not a leaf"):
+        total = torch_reduce.clip_grad_norm_([leaf, non_leaf], 10.0)
+    assert total.item() == 2.0 and wrapper_calls["clip_grad_norm_"] == 1
+
+
+def test_clip_grad_norm_torch_function_mode(wrapper_calls):
+    seen = []
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    params = parameters_with_grads("cpu", 0)
+    with Mode():
+        torch_reduce.clip_grad_norm_(params, 1.0)
+    assert wrapper_calls["clip_grad_norm_"] == 1 and seen
+
+
 def test_no_reference_leaks():
     x = torch.randn(8, 9)
     dims = (0, 1)
@@ -205,6 +322,22 @@ def test_no_reference_leaks():
             call()
     gc.collect()
     assert (sys.getrefcount(x), sys.getrefcount(dims)) == before
+
+
+def test_clip_grad_norm_no_reference_leaks():
+    params = parameters_with_grads("cpu", 0)
+    grads = [p.grad for p in params]
+    calls = [lambda: torch_reduce.clip_grad_norm_(params, 1e6), lambda: torch_reduce.clip_grad_norm_(iter(params), 1e6),
+             lambda: torch_reduce.clip_grad_norm_(params, 1e6, foreach=True)]
+    for call in calls:
+        call()
+    gc.collect()
+    before = [sys.getrefcount(o) for o in (params, *params, *grads)]
+    for _ in range(100):
+        for call in calls:
+            call()
+    gc.collect()
+    assert [sys.getrefcount(o) for o in (params, *params, *grads)] == before
 
 
 def test_threads():
@@ -226,7 +359,8 @@ def test_threads():
 
 
 COMPILE_ARGS = {"vector_norm": lambda t: (t, 2, 1), "var_mean": lambda t: (t, 1, False), "layer_norm": lambda t: (t, (7,)), "rms_norm": lambda t: (t, (7,)),
-                "add_layer_norm": lambda t: (t, t * 2, (7,)), "add_rms_norm": lambda t: (t, t * 2, (7,))}
+                "add_layer_norm": lambda t: (t, t * 2, (7,)), "add_rms_norm": lambda t: (t, t * 2, (7,)),
+                "clip_grad_norm_": lambda t: ([t], 1.0)}
 
 
 @pytest.mark.parametrize("name", NAMES)

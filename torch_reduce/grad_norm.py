@@ -1,6 +1,7 @@
 """The global gradient norm with torch's signatures: ``foreach_norm`` (torch._foreach_norm), ``get_total_norm``,
 ``clip_grads_with_norm_`` and ``clip_grad_norm_`` (torch.nn.utils'), on torch.ops.reduce.foreach_norm, total_norm
-and clip_grads_ (csrc/grad_norm.h).
+and clip_grads_ (csrc/grad_norm.h). ``clip_grad_norm_`` is a C entry point over its Python wrapper
+(csrc/fast_call.cpp): the common call reads the gradients in C.
 
 On the GPU each device's list takes two launches for its norm and one for the scaling, whatever its length, with
 a fixed fold order: the same gradients give the same total, bit for bit, on every run. The clip coefficient is
@@ -13,6 +14,8 @@ import warnings
 from typing import Iterable, Optional, Union
 
 import torch
+
+from . import _entry_points
 
 _Tensors = Union[torch.Tensor, Iterable[torch.Tensor]]
 
@@ -70,25 +73,29 @@ def clip_grads_with_norm_(parameters: _Tensors, max_norm: float, total_norm: tor
     torch.ops.reduce.clip_grads_(grads, total_norm, float(max_norm))
 
 
-@torch.no_grad()
 def clip_grad_norm_(parameters: _Tensors, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
                     foreach: Optional[bool] = None) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_: scales the gradients of ``parameters`` in place so that their total norm of
     order ``norm_type`` is at most ``max_norm``, and returns that total norm (before scaling). ``foreach`` is
     accepted for torch's signature: every call runs the multi-tensor kernels."""
-    if isinstance(parameters, torch.Tensor):
-        parameters = [parameters]
-    else:
-        is_generator = isinstance(parameters, types.GeneratorType)
-        parameters = list(parameters)
-        if is_generator and len(parameters) == 0:
-            warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=3)
-    grads = [p.grad for p in parameters]
-    grads = [g for g in grads if g is not None]
-    if error_if_nonfinite or len(grads) == 0:
-        total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
-        if grads:
-            torch.ops.reduce.clip_grads_(grads, total_norm, float(max_norm))
-        return total_norm
-    _check_foreach(grads, foreach)
-    return torch.ops.reduce.clip_grad_norm_(grads, float(max_norm), float(norm_type))
+    with torch.no_grad():  # not a decorator: torch.compile substitutes this function for the C entry point
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        else:
+            is_generator = isinstance(parameters, types.GeneratorType)
+            parameters = list(parameters)
+            if is_generator and len(parameters) == 0:
+                warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=2)
+        grads = [p.grad for p in parameters]
+        grads = [g for g in grads if g is not None]
+        if error_if_nonfinite or len(grads) == 0:
+            total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+            if grads:
+                torch.ops.reduce.clip_grads_(grads, total_norm, float(max_norm))
+            return total_norm
+        _check_foreach(grads, foreach)
+        return torch.ops.reduce.clip_grad_norm_(grads, float(max_norm), float(norm_type))
+
+
+_WRAPPERS = {"clip_grad_norm_": clip_grad_norm_}
+clip_grad_norm_ = _entry_points.install(_WRAPPERS)["clip_grad_norm_"]
