@@ -47,7 +47,7 @@ __device__ __forceinline__ void load_params(const param_t* p, int64_t first, acc
 // between two shared buffers, so a call's writes never meet the reads of the call before (every thread read
 // those before it reached the barrier in between). It replaced three barriers a call (block_reduce, then thread
 // 0's result through shared memory): LayerNorm and RMSNorm backward on the H200, graph replay, 0-5% shorter at
-// most shapes (within the +-4% two runs differ by) and 5-14% at hidden 8192-18432 (float32 16384x12288: 688 ->
+// most shapes (within the +-4% two runs differ by), 4-14% at hidden 8192-18432 (float32 16384x12288: 688 ->
 // 603 us).
 template <unsigned GROUP, unsigned BLOCK, typename T>
 class GroupAllreduce {
