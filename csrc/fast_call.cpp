@@ -1,12 +1,12 @@
 // The drop-ins' Python entry points in C: torch_reduce.sum, mean, amax, amin, prod, vector_norm, layer_norm,
-// rms_norm, add_layer_norm, add_rms_norm, var_mean and clip_grad_norm_. The common call (plain tensors; dims or a shape as an int,
-// a tuple or a list; keepdim, ord, eps, correction; no dtype=, out= or unbiased) is parsed here and goes to the
-// op's typed dispatcher handle, unboxed. torch.ops' boxed path costs about 2.5 us more a call than torch's own
-// bindings (CPU tensors, 2 cores: torch.sum 2.0 us, the op through torch.ops 4.1 us, through its Python wrapper
-// 5.7 us), which made every small reduction slower than torch's. Anything else takes the Python wrapper
-// (torch_reduce/reductions.py, functional.py), unchanged: tensor subclasses and __torch_function__ modes, dtype=
-// and out=, unusual argument types, and every call that raised or warned (the wrapper runs it again, so its
-// errors and warnings are the op's own, word for word). torch.compile traces the wrapper in its place
+// rms_norm, add_layer_norm, add_rms_norm, var_mean and clip_grad_norm_. The common call (plain tensors; dims or a
+// shape as an int, a tuple or a list; keepdim, ord, eps, correction; no dtype=, out= or unbiased) is parsed here
+// and goes to the op's typed dispatcher handle, unboxed. torch.ops' boxed path costs about 2.5 us more a call
+// than torch's own bindings (CPU tensors, 2 cores: torch.sum 2.0 us, the op through torch.ops 4.1 us, through its
+// Python wrapper 5.7 us), which made every small reduction slower than torch's. Anything else takes the Python
+// wrapper (torch_reduce/reductions.py, functional.py, grad_norm.py), unchanged: tensor subclasses and
+// __torch_function__ modes, dtype= and out=, unusual argument types, and every call that raised or warned (the
+// wrapper runs it again, so its errors and warnings are the op's own, word for word; clip_grad_norm_'s below). torch.compile traces the wrapper in its place
 // (torch.compiler.substitute_in_graph, _entry_points.py).
 //
 // Only Python's limited API is used, so _C stays abi3; two symbols come from libtorch_python, whose C++ ABI _C
@@ -377,7 +377,8 @@ PyObject* entry_point(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObje
   constexpr size_t kPositional = Spec::kPositional.size(), kAll = kPositional + Spec::kKeywordOnly.size();
   static constexpr std::array<const char*, kAll> kNames = [] {
     std::array<const char*, kAll> names{};
-    for (size_t j = 0; j < kAll; ++j) names[j] = j < kPositional ? Spec::kPositional[j] : Spec::kKeywordOnly[j - kPositional];
+    for (size_t j = 0; j < kAll; ++j)
+      names[j] = j < kPositional ? Spec::kPositional[j] : Spec::kKeywordOnly[j - kPositional];
     return names;
   }();
   const auto slow = [&] { return call_wrapper(Spec::kEntry, args, nargs, kwnames); };
@@ -403,6 +404,8 @@ PyObject* entry_point(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObje
 // generator, as model.parameters() is) is read into a list first, which the wrapper gets in its place if it
 // takes the call. The op scales the gradients in place, so a call that warned is not run again: its warnings
 // become Python's here; one that raised did so before scaling any (its checks come first) and is run again.
+// A gradient is seen as C++ sees it: a subclass with __torch_dispatch__ (DTensor) goes to the wrapper, but the
+// __torch_function__ of a gradient set by hand to a Python-only subclass is not consulted.
 PyObject* clip_grad_norm_entry(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static constexpr std::array<const char*, 5> kNames{"parameters", "max_norm", "norm_type", "error_if_nonfinite",
                                                      "foreach"};
