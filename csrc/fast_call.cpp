@@ -6,8 +6,8 @@
 // Python wrapper 5.7 us), which made every small reduction slower than torch's. Anything else takes the Python
 // wrapper (torch_reduce/reductions.py, functional.py, grad_norm.py), unchanged: tensor subclasses and
 // __torch_function__ modes, dtype= and out=, unusual argument types, and every call that raised or warned (the
-// wrapper runs it again, so its errors and warnings are the op's own, word for word; clip_grad_norm_'s below). torch.compile traces the wrapper in its place
-// (torch.compiler.substitute_in_graph, _entry_points.py).
+// wrapper runs it again, so its errors and warnings are the op's own, word for word; clip_grad_norm_'s below).
+// torch.compile traces the wrapper in its place (torch.compiler.substitute_in_graph, _entry_points.py).
 //
 // Only Python's limited API is used, so _C stays abi3; two symbols come from libtorch_python, whose C++ ABI _C
 // depends on anyway: THPVariable_Wrap, and the tensor object's layout (a PyObject header, then the at::Tensor).
