@@ -71,7 +71,7 @@ class GroupAllreduce {
   }
 };
 
-// The same, for a kernel whose group reduces one row.
+// The same, for a kernel that calls it once (its groups reduce one row each).
 template <unsigned GROUP, unsigned BLOCK, typename T, typename Op>
 __device__ __forceinline__ T group_allreduce(T v, Op op) {
   return GroupAllreduce<GROUP, BLOCK, T>()(v, op);
