@@ -27,7 +27,11 @@ bool records_grad(const Tensors&... tensors) {
 // dynamic-layer keys while its layer stack is not empty), or an input carries a forward-mode tangent (a
 // Function has no forward derivative). Forward-mode AD has one level at a time in eager torch, level 0;
 // functorch's jvp is a transform and is caught by the first test.
-inline bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
+// A tangent lives in the autograd metadata: a tensor without any (most gradients and activations) skips the
+// virtual call to autograd's hooks.
+inline bool has_tangent(const at::Tensor& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->autograd_meta() != nullptr && t._fw_grad(/*level=*/0).defined();
+}
 inline bool has_tangent(const std::optional<at::Tensor>& t) { return t.has_value() && has_tangent(*t); }
 
 template <typename... Tensors>

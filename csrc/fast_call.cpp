@@ -18,6 +18,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <array>
 #include <optional>
@@ -64,6 +65,17 @@ bool is_plain_tensor(PyObject* obj) {
 }
 
 const at::Tensor& tensor_of(PyObject* obj) { return reinterpret_cast<TensorObject*>(obj)->cdata; }
+
+// p.grad for a leaf p, read from its autograd metadata; nullptr for a non-leaf. p.is_leaf() and p.grad() are
+// virtual calls through autograd's hooks, about a fifth of clip_grad_norm_'s host time for 1,000 parameters. A
+// view asks autograd: its grad_fn may be rebuilt when it is read.
+const at::Tensor* leaf_grad(const at::Tensor& p) {
+  static const at::Tensor kNoGrad;
+  const auto* meta = static_cast<const torch::autograd::AutogradMeta*>(p.unsafeGetTensorImpl()->autograd_meta());
+  if (meta == nullptr) return &kNoGrad;
+  if (meta->is_view_) return p.is_leaf() ? &p.grad() : nullptr;
+  return meta->grad_fn_ ? nullptr : &meta->grad_;
+}
 
 // The Python wrapper, called with the caller's arguments as they came.
 PyObject* call_wrapper(Entry e, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
@@ -446,9 +458,9 @@ PyObject* clip_grad_norm_entry(PyObject*, PyObject* const* args, Py_ssize_t narg
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* item = is_list ? PyList_GetItem(list, i) : PyTuple_GetItem(list, i);
     if (!is_plain_tensor(item)) return slow();
-    const at::Tensor& p = tensor_of(item);
-    if (!p.is_leaf()) return slow();  // p.grad warns on a non-leaf
-    const at::Tensor& g = p.grad();
+    const at::Tensor* grad = leaf_grad(tensor_of(item));
+    if (grad == nullptr) return slow();  // p.grad warns on a non-leaf
+    const at::Tensor& g = *grad;
     if (!g.defined()) continue;
     if (g.key_set().has(c10::DispatchKey::Python)) return slow();  // a tensor subclass (DTensor, ...)
     grads.push_back(g);

@@ -233,8 +233,10 @@ def test_scaling_is_torchs_bit_for_bit(grad_dtype, norm_dtype, device):
     """Given the same total, the scaled gradients are torch's bits: the coefficient in the total's dtype with
     torch's roundings, cast to each gradient's dtype, the product in its accumulate type."""
     for total in (3.7, 0.123, 1e-7, 0.999999, float("nan"), float("inf")):
-        # Full chunks (16,384 float32, 32,768 16-bit elements) and their tails, and short tensors.
-        ours = params_with_grads([(257,), (4, 33), (65536 + 3,)], grad_dtype, device, grad_scale=3.0)
+        # Full chunks (16,384 float32, 32,768 16-bit elements) and their tails, a last chunk that ends inside
+        # one of the scaling kernel's quarter-chunk parts, and short tensors.
+        ours = params_with_grads([(257,), (4, 33), (65536 + 3,), (16384 + 2 * 4096 + 5,)], grad_dtype, device,
+                                 grad_scale=3.0)
         theirs = clone_params(ours)
         total_norm = torch.tensor(total, dtype=norm_dtype, device=device)
         torch_reduce.clip_grads_with_norm_(ours, 0.75, total_norm)

@@ -1,14 +1,17 @@
 // The global gradient norm on the GPU, each device's list in two launches:
 //   norm_partials_kernel  the list cut into chunks of kListChunkBytes; a persistent grid (as many blocks as the
-//                         GPU holds at once) strides over the chunks, so blocks share the work evenly whatever
-//                         the tensors' sizes; each chunk's fold, in float32 (float64 when the list holds float64),
-//                         to its own partial;
-//   norm_fold_kernel      one block: a warp per tensor folds its chunks' partials in order (lane-strided, then a
-//                         fixed shuffle tree) and stores its norm (foreach_norm); then the block folds the
-//                         tensors' accumulators in a fixed tree into the total (total_norm).
-// No float atomics, and nothing depends on which block ran a chunk: the same list gives the same bits on every run.
-//   clip_scale_kernel     every gradient times torch's clip coefficient, which each block computes from the total
-//                         on the device, in the total's dtype with torch's roundings: no host sync.
+//                         GPU holds at once) whose warps stride over the chunks, a chunk a warp, so a list of
+//                         small tensors (1,000 of 256 floats) runs at once and a large one is shared evenly; each
+//                         chunk's fold, in float32 (float64 when the list holds float64), to its own partial;
+//   norm_fold_kernel      one block: each tensor's partials folded in order by a thread, a warp or the whole
+//                         block, by their count, into its norm (foreach_norm); then the block folds the tensors'
+//                         accumulators in a fixed tree into the total (total_norm).
+// No float atomics, and nothing depends on which warp ran a chunk: the same list gives the same bits on every run.
+//   clip_scale_kernel     every gradient times torch's clip coefficient, which each thread computes from the total
+//                         on the device, in the total's dtype with torch's roundings: no host sync. Warps stride
+//                         over parts of the chunks (kListScaleParts a chunk), so that the last warps to finish
+//                         have less left to do than a whole chunk; a part makes no partial, so its size costs the
+//                         fold nothing.
 //
 // A launch's tensors travel as a kernel parameter (a table passed by value, read in place: __grid_constant__).
 // CUDA 12.1+ takes up to 32 KB of parameters on sm_70+, so no table is copied to the device before the launch:
@@ -78,10 +81,14 @@ struct ListTable {
 // The fold's view of the same tensors: where each one's partials are, and where its norm goes.
 template <int kCapacity>
 struct FoldTable {
-  void* norm[kCapacity];               // each tensor's 0-dim norm (foreach_norm), or null (total_norm)
+  void* norm[kCapacity];               // each tensor's 0-dim norm (foreach_norm)
   int64_t first_chunk[kCapacity + 1];
+  // The tensors the fold kernel folds, all but those of one chunk (whose partial is their accumulator, stored by
+  // the partials kernel): [0, warp_folded) of at most kFoldWarpChunks chunks, a warp each; then the larger.
+  int32_t folded[kCapacity];
   Element element[kCapacity];          // the norms' types
-  int32_t count;
+  int32_t count, warp_folded, folded_count;
+  bool stores_norms;                   // foreach_norm
 };
 
 // The tensor a chunk belongs to: the last with first_chunk <= chunk (empty tensors own no chunk).
@@ -99,8 +106,7 @@ __device__ __forceinline__ int tensor_of_chunk(const Table& table, int64_t chunk
   return low;
 }
 
-// Elements of one chunk of scalar_t: kListChunkBytes whatever the type, so a full chunk is kLoads 16-byte vectors
-// a thread for every dtype.
+// Elements of one chunk of scalar_t: kListChunkBytes whatever the type.
 template <typename Tuning, typename scalar_t>
 constexpr int64_t kChunkElements = Tuning::kListChunkBytes / static_cast<int64_t>(sizeof(scalar_t));
 
@@ -111,79 +117,113 @@ __device__ __forceinline__ int64_t chunk_length(int64_t numel, int64_t offset) {
   return left < kChunkElements<Tuning, scalar_t> ? left : kChunkElements<Tuning, scalar_t>;
 }
 
+// A chunk is a warp's unit of work (the partials and scaling kernels): the grid's warps stride over the
+// list's chunks, so a list of small tensors runs a chunk per warp at once instead of queueing them on blocks.
 template <typename Tuning>
-constexpr int kLoads = static_cast<int>(Tuning::kListChunkBytes / 16 / Tuning::kListBlock);
+constexpr unsigned kListWarps = Tuning::kListBlock / kWarpSize;
 
-// The fold of x[0, n) by this thread (its share of the block's chunk): a full aligned chunk issues all its
-// vector loads before it folds any; other chunks stride, by vectors when aligned, else by elements.
-template <typename Tuning, typename acc_t, typename scalar_t, typename Ops>
-__device__ __forceinline__ acc_t fold_chunk(const scalar_t* x, int64_t n, const Ops& ops) {
-  constexpr unsigned kBlock = Tuning::kListBlock;
+__device__ __forceinline__ unsigned lane_id() { return threadIdx.x % kWarpSize; }
+
+// f(chunk, part, tensor) for each part this warp owns of the chunks cut into kParts: parts warp, warp + warps,
+// ... of the grid.
+template <typename Tuning, int kParts, typename Table, typename F>
+__device__ __forceinline__ void for_each_warp_part(const Table& table, F&& f) {
+  const int64_t parts = table.first_chunk[table.count] * kParts;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kListWarps<Tuning>;
+  for (int64_t part = static_cast<int64_t>(blockIdx.x) * kListWarps<Tuning> + threadIdx.x / kWarpSize;
+       part < parts; part += warps) {
+    const int64_t chunk = part / kParts;
+    f(chunk, static_cast<int>(part % kParts), tensor_of_chunk(table, chunk));
+  }
+}
+
+// g(k, loads) for this lane's 16-byte vectors k, k + 32, ... (loads of them, all loaded before any is used)
+// of x[0, n) when x is aligned; h(k) for the elements that no aligned vector covers.
+template <typename Tuning, typename scalar_t, typename G, typename H>
+__device__ __forceinline__ void visit_chunk(const scalar_t* x, int64_t n, G&& g, H&& h) {
   constexpr int kVector = Vec16<scalar_t>::kSize;
-  acc_t acc = Ops::identity();
+  const unsigned lane = lane_id();
   int64_t scalar_from = 0;
   if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-    const auto* vectors = reinterpret_cast<const Vec16<scalar_t>*>(x);
     const int64_t count = n / kVector;
-    if (count == int64_t(kLoads<Tuning>) * kBlock) {
-      Vec16<scalar_t> held[kLoads<Tuning>];
-#pragma unroll
-      for (int k = 0; k < kLoads<Tuning>; ++k) held[k] = load_vector(vectors + k * kBlock + threadIdx.x);
-#pragma unroll
-      for (int k = 0; k < kLoads<Tuning>; ++k) acc = ops(acc, fold_vector<acc_t>(held[k], ops));
-    } else {
-      for (int64_t k = threadIdx.x; k < count; k += kBlock)
-        acc = ops(acc, fold_vector<acc_t>(load_vector(vectors + k), ops));
-    }
+    int64_t k = lane;
+    for (; k + (Tuning::kListLoads - 1) * kWarpSize < count; k += Tuning::kListLoads * kWarpSize)
+      g(k, std::integral_constant<int, Tuning::kListLoads>());
+    for (; k < count; k += kWarpSize) g(k, std::integral_constant<int, 1>());
     scalar_from = count * kVector;
   }
-  for (int64_t k = scalar_from + threadIdx.x; k < n; k += kBlock) acc = ops(acc, load_element<acc_t>(ops, x[k]));
-  return acc;
+  for (int64_t k = scalar_from + lane; k < n; k += kWarpSize) h(k);
 }
 
 template <typename Tuning, typename Ops, typename acc_t>
 __global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMultiprocessor)
     norm_partials_kernel(const __grid_constant__ ListTable<Tuning::kListTensors> table, const Ops ops,
-                         acc_t* partials) {
-  const int64_t chunks = table.first_chunk[table.count];
-  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    const int i = tensor_of_chunk(table, chunk);
-    acc_t acc;
+                         acc_t* partials, acc_t* accumulators) {
+  for_each_warp_part<Tuning, 1>(table, [&](int64_t chunk, int, int i) {
+    acc_t acc = Ops::identity();
     with_element(table.element[i], [&](auto zero) {
       using scalar_t = decltype(zero);
       const int64_t offset = (chunk - table.first_chunk[i]) * kChunkElements<Tuning, scalar_t>;
-      const int64_t n = chunk_length<Tuning, scalar_t>(table.numel[i], offset);
-      acc = fold_chunk<Tuning, acc_t>(static_cast<const scalar_t*>(table.data[i]) + offset, n, ops);
+      const scalar_t* x = static_cast<const scalar_t*>(table.data[i]) + offset;
+      const auto* vectors = reinterpret_cast<const Vec16<scalar_t>*>(x);
+      visit_chunk<Tuning>(x, chunk_length<Tuning, scalar_t>(table.numel[i], offset),
+          [&](int64_t k, auto loads) {
+            Vec16<scalar_t> held[loads()];
+#pragma unroll
+            for (int j = 0; j < loads(); ++j) held[j] = load_vector(vectors + k + j * kWarpSize);
+#pragma unroll
+            for (int j = 0; j < loads(); ++j) acc = ops(acc, fold_vector<acc_t>(held[j], ops));
+          },
+          [&](int64_t k) { acc = ops(acc, load_element<acc_t>(ops, x[k])); });
     });
-    acc = block_reduce<Tuning::kListBlock>(acc, ops);
-    if (threadIdx.x == 0) partials[chunk] = acc;
-    __syncthreads();  // block_reduce's shared memory serves the next chunk
-  }
+    acc = warp_reduce(acc, ops);
+    if (lane_id() == 0) {
+      partials[chunk] = acc;
+      if (table.first_chunk[i + 1] - table.first_chunk[i] == 1) accumulators[i] = acc;
+    }
+  });
 }
 
+// One block folds each tensor's partials in order into its accumulator (`accumulators`, by tensor), by the
+// tensor's chunk count: one chunk, none (the partials kernel stored its partial as its accumulator); up to
+// kFoldWarpChunks, a warp (lane-strided, then the shuffle tree); more, the whole block (GPT-2's embedding). Then
+// the block stores the norms (foreach_norm) and folds the accumulators in a fixed tree into the total
+// (total_norm). Which threads fold a tensor depends on the table alone: the same bits on every run. The table
+// lists the tensors to fold, so no lane reads another tensor's entry than its warp's: kernel parameters are read
+// through the constant cache, which serves a warp's different addresses one after another.
 template <typename Tuning, typename Ops, typename acc_t>
 __global__ void __launch_bounds__(Tuning::kFoldBlock)
     norm_fold_kernel(const __grid_constant__ FoldTable<Tuning::kListTensors> table, const Ops ops,
-                     const acc_t* partials, acc_t* table_accumulator, void* total, Element total_element) {
+                     const acc_t* partials, acc_t* accumulators, acc_t* table_accumulator, void* total,
+                     Element total_element) {
   constexpr unsigned kWarps = Tuning::kFoldBlock / kWarpSize;
-  __shared__ acc_t tensor_accumulators[Tuning::kListTensors];
-  const unsigned lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  for (int i = warp; i < table.count; i += kWarps) {
+  const unsigned lane = lane_id();
+  for (int w = threadIdx.x / kWarpSize; w < table.warp_folded; w += kWarps) {
+    const int i = table.folded[w];
     acc_t acc = Ops::identity();
-    // Unrolled, so a lane of a large tensor (GPT-2's embedding: 74 partials a lane) has several loads in flight.
 #pragma unroll 8
     for (int64_t c = table.first_chunk[i] + lane; c < table.first_chunk[i + 1]; c += kWarpSize)
       acc = ops(acc, partials[c]);
     acc = warp_reduce(acc, ops);
-    if (lane == 0) {
-      tensor_accumulators[i] = acc;
-      if (table.norm[i] != nullptr) store(table.norm[i], table.element[i], project_result(ops, acc));
-    }
+    if (lane == 0) accumulators[i] = acc;
   }
-  __syncthreads();
+  for (int w = table.warp_folded; w < table.folded_count; ++w) {
+    const int i = table.folded[w];
+    acc_t acc = Ops::identity();
+#pragma unroll 4
+    for (int64_t c = table.first_chunk[i] + threadIdx.x; c < table.first_chunk[i + 1]; c += Tuning::kFoldBlock)
+      acc = ops(acc, partials[c]);
+    acc = block_reduce<Tuning::kFoldBlock>(acc, ops);
+    if (threadIdx.x == 0) accumulators[i] = acc;
+    __syncthreads();  // block_reduce's shared memory serves the next tensor
+  }
+  __syncthreads();  // every accumulator stored
   acc_t acc = Ops::identity();
-  for (int i = threadIdx.x; i < table.count; i += Tuning::kFoldBlock)
-    acc = ops(acc, tensor_contribution(ops, tensor_accumulators[i]));
+  for (int i = threadIdx.x; i < table.count; i += Tuning::kFoldBlock) {
+    const acc_t tensor_accumulator = accumulators[i];
+    if (table.stores_norms) store(table.norm[i], table.element[i], project_result(ops, tensor_accumulator));
+    acc = ops(acc, tensor_contribution(ops, tensor_accumulator));
+  }
   acc = block_reduce<Tuning::kFoldBlock>(acc, ops);
   if (threadIdx.x == 0) {
     *table_accumulator = acc;
@@ -209,49 +249,37 @@ template <typename Tuning, typename T>
 __global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMultiprocessor)
     clip_scale_kernel(const __grid_constant__ ListTable<Tuning::kListTensors> table, const T* total_norm,
                       double max_norm) {
-  constexpr unsigned kBlock = Tuning::kListBlock;
   const T coefficient = clip_coefficient_of(total_norm, max_norm);
-  const int64_t chunks = table.first_chunk[table.count];
-  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    const int i = tensor_of_chunk(table, chunk);
+  constexpr int kParts = Tuning::kListScaleParts;
+  for_each_warp_part<Tuning, kParts>(table, [&](int64_t chunk, int part, int i) {
     with_element(table.element[i], [&](auto zero) {
       using scalar_t = decltype(zero);
       using op_t = acc_type<scalar_t>;
-      constexpr int kVector = Vec16<scalar_t>::kSize;
       const op_t c = static_cast<op_t>(c10::convert<scalar_t>(coefficient));
-      const int64_t offset = (chunk - table.first_chunk[i]) * kChunkElements<Tuning, scalar_t>;
-      const int64_t n = chunk_length<Tuning, scalar_t>(table.numel[i], offset);
-      scalar_t* x = static_cast<scalar_t*>(table.data[i]) + offset;
       const auto scale = [&](scalar_t v) { return static_cast<scalar_t>(static_cast<op_t>(v) * c); };
-      int64_t scalar_from = 0;
-      if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-        auto* vectors = reinterpret_cast<Vec16<scalar_t>*>(x);
-        const int64_t count = n / kVector;
-        if (count == int64_t(kLoads<Tuning>) * kBlock) {
-          // Every load before the first store: the stores could alias later loads, so the compiler would not
-          // move those loads above them.
-          Vec16<scalar_t> held[kLoads<Tuning>];
+      constexpr int64_t kPartElements = kChunkElements<Tuning, scalar_t> / kParts;
+      const int64_t chunk_offset = (chunk - table.first_chunk[i]) * kChunkElements<Tuning, scalar_t>;
+      const int64_t in_chunk = chunk_length<Tuning, scalar_t>(table.numel[i], chunk_offset) - part * kPartElements;
+      if (in_chunk <= 0) return;  // a part past a tensor's short last chunk
+      scalar_t* x = static_cast<scalar_t*>(table.data[i]) + chunk_offset + part * kPartElements;
+      auto* vectors = reinterpret_cast<Vec16<scalar_t>*>(x);
+      visit_chunk<Tuning>(x, in_chunk < kPartElements ? in_chunk : kPartElements,
+          [&](int64_t k, auto loads) {
+            // Every load before the first store: the stores could alias later loads, so the compiler would
+            // not move those loads above them.
+            Vec16<scalar_t> held[loads()];
 #pragma unroll
-          for (int k = 0; k < kLoads<Tuning>; ++k) held[k] = load_vector(vectors + k * kBlock + threadIdx.x);
+            for (int j = 0; j < loads(); ++j) held[j] = load_vector(vectors + k + j * kWarpSize);
 #pragma unroll
-          for (int k = 0; k < kLoads<Tuning>; ++k) {
+            for (int j = 0; j < loads(); ++j) {
 #pragma unroll
-            for (int e = 0; e < kVector; ++e) held[k].value[e] = scale(held[k].value[e]);
-            vectors[k * kBlock + threadIdx.x] = held[k];
-          }
-        } else {
-          for (int64_t k = threadIdx.x; k < count; k += kBlock) {
-            Vec16<scalar_t> v = load_vector(vectors + k);
-#pragma unroll
-            for (int e = 0; e < kVector; ++e) v.value[e] = scale(v.value[e]);
-            vectors[k] = v;
-          }
-        }
-        scalar_from = count * kVector;
-      }
-      for (int64_t k = scalar_from + threadIdx.x; k < n; k += kBlock) x[k] = scale(x[k]);
+              for (int e = 0; e < Vec16<scalar_t>::kSize; ++e) held[j].value[e] = scale(held[j].value[e]);
+              vectors[k + j * kWarpSize] = held[j];
+            }
+          },
+          [&](int64_t k) { x[k] = scale(x[k]); });
     });
-  }
+  });
 }
 
 // The tables of a device's list, kListTensors tensors each, and where each table's partials start.
@@ -283,9 +311,11 @@ struct ListTables {
   }
 };
 
-template <typename Kernel>
-int64_t persistent_grid(Kernel kernel, unsigned block, int64_t chunks) {
-  return std::min<int64_t>(chunks, resident_blocks_per_sm(kernel, static_cast<int>(block)) * multiprocessors());
+// Blocks for a warp a unit of work: as many as the GPU holds at once, or fewer when the units are fewer.
+template <typename Tuning, typename Kernel>
+int64_t persistent_grid(Kernel kernel, int64_t units) {
+  const int64_t blocks = (units + kListWarps<Tuning> - 1) / kListWarps<Tuning>;
+  return std::min<int64_t>(blocks, resident_blocks_per_sm(kernel, Tuning::kListBlock) * multiprocessors());
 }
 
 // The norms of a device's dense tensors (`lists`, on `device`): each tensor's into `norms` (when given:
@@ -295,8 +325,9 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
                   const std::vector<at::Tensor>& norms, const at::Tensor& total) {
   const int64_t tables = static_cast<int64_t>(lists.tables.size());
   const auto options = at::TensorOptions().device(device).dtype(wide ? at::kDouble : at::kFloat);
-  const at::Tensor partials = at::empty({lists.first_partial.back()}, options);
-  const at::Tensor table_accumulators = at::empty({tables}, options);
+  // One allocation: the chunks' partials, each table's accumulator, then each table's tensors' accumulators.
+  const int64_t all_chunks = lists.first_partial.back();
+  const at::Tensor scratch = at::empty({all_chunks + tables * (1 + Tuning::kListTensors)}, options);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const auto run = [&](auto zero) {
     using acc_t = decltype(zero);
@@ -304,26 +335,42 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
       using Ops = decltype(ops);
       for (int64_t g = 0; g < tables; ++g) {
         const auto& table = lists.tables[g];
-        acc_t* table_partials = partials.mutable_data_ptr<acc_t>() + lists.first_partial[g];
+        acc_t* table_partials = scratch.mutable_data_ptr<acc_t>() + lists.first_partial[g];
+        acc_t* table_accumulator = scratch.mutable_data_ptr<acc_t>() + all_chunks + g;
+        acc_t* accumulators = scratch.mutable_data_ptr<acc_t>() + all_chunks + tables + g * Tuning::kListTensors;
         const int64_t chunks = table.first_chunk[table.count];
         if (chunks > 0) {
           const auto kernel = norm_partials_kernel<Tuning, Ops, acc_t>;
-          kernel<<<persistent_grid(kernel, Tuning::kListBlock, chunks), Tuning::kListBlock, 0, stream>>>(
-              table, ops, table_partials);
+          kernel<<<persistent_grid<Tuning>(kernel, chunks), Tuning::kListBlock, 0, stream>>>(
+              table, ops, table_partials, accumulators);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         }
         FoldTable<Tuning::kListTensors> fold;
         fold.count = table.count;
+        fold.stores_norms = !norms.empty();
+        std::vector<int32_t> wide;
+        int32_t listed = 0;
         for (int32_t k = 0; k <= table.count; ++k) fold.first_chunk[k] = table.first_chunk[k];
         for (int32_t k = 0; k < table.count; ++k) {
-          const at::Tensor* norm = norms.empty() ? nullptr : &norms[g * Tuning::kListTensors + k];
-          fold.norm[k] = norm ? norm->data_ptr() : nullptr;
-          fold.element[k] = norm ? element_of(norm->scalar_type()) : Element::Float;
+          const int64_t tensor_chunks = table.first_chunk[k + 1] - table.first_chunk[k];
+          if (tensor_chunks > Tuning::kFoldWarpChunks) {
+            wide.push_back(k);
+          } else if (tensor_chunks != 1) {
+            fold.folded[listed++] = k;
+          }
+          if (fold.stores_norms) {
+            const at::Tensor& norm = norms[g * Tuning::kListTensors + k];
+            fold.norm[k] = norm.data_ptr();
+            fold.element[k] = element_of(norm.scalar_type());
+          }
         }
+        fold.warp_folded = listed;
+        for (int32_t k : wide) fold.folded[listed++] = k;
+        fold.folded_count = listed;
         const bool stores_total = total.defined() && tables == 1;
         norm_fold_kernel<Tuning, Ops, acc_t><<<1, Tuning::kFoldBlock, 0, stream>>>(
-            fold, ops, table_partials, table_accumulators.mutable_data_ptr<acc_t>() + g,
-            stores_total ? total.data_ptr() : nullptr, element_of(total.defined() ? total.scalar_type() : at::kFloat));
+            fold, ops, table_partials, accumulators, table_accumulator, stores_total ? total.data_ptr() : nullptr,
+            element_of(total.defined() ? total.scalar_type() : at::kFloat));
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     });
@@ -335,6 +382,7 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
   }
   if (total.defined() && tables > 1) {
     // The tables' accumulators folded as each table's tensors were, then projected.
+    const at::Tensor table_accumulators = scratch.narrow(0, all_chunks, tables);
     at::Tensor folded;
     if (ord == INFINITY) {
       folded = table_accumulators.amax();
@@ -360,7 +408,7 @@ void launch_clip_scale(const ListTables<Tuning>& lists, const at::Tensor& total_
     for (const auto& table : lists.tables) {
       const int64_t chunks = table.first_chunk[table.count];
       if (chunks == 0) continue;
-      kernel<<<persistent_grid(kernel, Tuning::kListBlock, chunks), Tuning::kListBlock, 0, stream>>>(
+      kernel<<<persistent_grid<Tuning>(kernel, chunks * Tuning::kListScaleParts), Tuning::kListBlock, 0, stream>>>(
           table, total_norm.const_data_ptr<scalar_t>(), max_norm);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
@@ -464,15 +512,17 @@ void clip_grads_cuda(at::TensorList grads, const at::Tensor& total_norm, double 
 at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double norm_type) {
   check_norm_list(grads, norm_type, std::nullopt, "reduce::clip_grad_norm_");
   const at::Device device = grads[0].device();
-  bool wide = false, one_dense_cuda_list = device.is_cuda();
+  bool one_dense_cuda_list = device.is_cuda();
+  at::ScalarType total_type = grads[0].scalar_type();  // total_norm_dtype's promotion, in the same pass
   for (const at::Tensor& g : grads) {
     one_dense_cuda_list = one_dense_cuda_list && g.device() == device && g.is_non_overlapping_and_dense();
-    wide = wide || g.scalar_type() == at::kDouble;
+    total_type = at::promoteTypes(total_type, g.scalar_type());
   }
   if (!one_dense_cuda_list) return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type);
+  const bool wide = total_type == at::kDouble;  // only float types reach here: double iff one is double
   const c10::cuda::CUDAGuard guard(device);
   check_kernel_image_for_current_device();
-  const at::Tensor total = at::empty({}, grads[0].options().dtype(total_norm_dtype(grads)));
+  const at::Tensor total = at::empty({}, grads[0].options().dtype(total_type));
   with_tuning([&](auto tuning) {
     const ListTables<decltype(tuning)> lists(grads);
     launch_norms(lists, device, norm_type, wide, {}, total);

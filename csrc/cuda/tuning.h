@@ -72,10 +72,14 @@ struct HopperTuning {
 
   // ---- Global gradient norm (grad_norm.cu) --------------------------------------- UNMEASURED: the design's ----
   static constexpr unsigned kListBlock = 512;  // partials and scaling kernels
-  // A chunk, a block's unit of work: 8 16-byte vectors a thread of kListBlock, loaded before any is folded.
+  // A chunk, a warp's unit of work: 16-byte vectors kListLoads a lane at a time, loaded before any is used.
   static constexpr int64_t kListChunkBytes = 1 << 16;
+  static constexpr int kListLoads = 4;
+  static constexpr int kListScaleParts = 4;  // the scaling kernel's unit of work: a quarter chunk a warp
   static constexpr int kListBlocksPerMultiprocessor = 2;  // 64 registers a thread
-  static constexpr unsigned kFoldBlock = 1024;           // the fold's one block: a warp per tensor
+  static constexpr unsigned kFoldBlock = 1024;           // the fold's one block
+  // A tensor of more chunks than this is folded by the whole fold block, not by a warp.
+  static constexpr int64_t kFoldWarpChunks = 256;
   // Tensors per launch, the kernel-parameter table's length: 25 KB of the 32 KB allowed.
   static constexpr int kListTensors = 1024;
 };

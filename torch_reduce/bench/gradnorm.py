@@ -3,10 +3,13 @@
 
 (a) the 148 gradient tensors of GPT-2 small (124,439,808 float32: wte 50257x768, wpe 1024x768, per layer ln_1,
     attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj weights and biases, ln_f), target >= 3x torch;
-(b) 1,000 tensors of 256 float32 (launch-bound), target >= 20x torch.
+(b) 1,000 tensors of 256 float32 (launch-bound), target >= 20x torch;
+(c) the same on a rotation of 8 lists, no target: (b) rotates 256 lists (256,000 parameters) to stream past the
+    L2, so each call also finds its parameters' host objects out of the CPU's caches; (c) shows the call with them
+    in cache, as a training loop that clips the same parameters every step may find them.
 
 Each sample is one call between CUDA events (host overhead included, as the GPU timeline sees it), on the next
-gradient list of a rotation larger than the L2. GB/s counts what the clip must move: every gradient read once for
+gradient list of a rotation larger than the L2 (but in (c)). GB/s counts what the clip must move: every gradient read once for
 the norm, then read and written for the scaling. Writes gradnorm.json and gradnorm.md.
 """
 from __future__ import annotations
@@ -44,11 +47,11 @@ def _parameter_lists(shapes, lists: int) -> list[list[torch.nn.Parameter]]:
     return out
 
 
-def _rotation(shapes) -> list[list[torch.nn.Parameter]]:
-    """Enough gradient lists that cycling through them streams past the L2: two of GPT-2 small (each is eight
-    times the H200's L2), 256 of 1,000 x 256 floats."""
+def _rotation(shapes, lists: int | None = None) -> list[list[torch.nn.Parameter]]:
+    """`lists` gradient lists, by default enough that cycling through them streams past the L2: two of GPT-2
+    small (each is eight times the H200's L2), 256 of 1,000 x 256 floats."""
     list_bytes = 4 * sum(math.prod(s) for s in shapes)
-    return _parameter_lists(shapes, max(2, math.ceil(l2_rotation_bytes() / list_bytes)))
+    return _parameter_lists(shapes, lists or max(2, math.ceil(l2_rotation_bytes() / list_bytes)))
 
 
 def _verdict(ok: bool) -> str:
@@ -56,7 +59,8 @@ def _verdict(ok: bool) -> str:
 
 
 def run(ctx: Context) -> str:
-    cases = {"gpt2-small": gpt2_small_shapes(), "1000x256": [(256,)] * 1000}
+    cases = {"gpt2-small": (gpt2_small_shapes(), None), "1000x256": ([(256,)] * 1000, None),
+             "1000x256, 8 lists": ([(256,)] * 1000, 8)}
     records, lines = [], [f"## Global gradient norm: clip_grad_norm_ (line: {ctx.line_gbps:.0f} GB/s"
                           + (", quick)" if ctx.quick else ")"), "", f"{ctx.line.describe()}.", "",
                           "One eager call each; GB/s: 3 x the gradient bytes (read for the norm, read and written "
@@ -65,8 +69,8 @@ def run(ctx: Context) -> str:
                           "| ratio | target | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     ours = lambda params: torch_reduce.clip_grad_norm_(params, MAX_NORM)  # noqa: E731
     theirs = lambda params: torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=True)  # noqa: E731
-    for name, shapes in cases.items():
-        inputs = _rotation(shapes)
+    for name, (shapes, lists) in cases.items():
+        inputs = _rotation(shapes, lists)
         check = [p.grad.clone() for p in inputs[0]]
         got = torch_reduce.get_total_norm(check)
         want = torch.nn.utils.get_total_norm(check)
@@ -78,7 +82,7 @@ def run(ctx: Context) -> str:
         their_ms = time_launches(theirs, inputs).median_ms
         our_ms = time_launches(ours, inputs).median_ms
         ratio = their_ms / our_ms
-        target = TARGETS[name]
+        target = TARGETS.get(name)
         for impl, ms in (("torch", their_ms), ("torch_reduce", our_ms)):
             records.append({"list": name, "impl": impl, "tensors": len(shapes), "elements": elements,
                             "dtype": "float32", "mode": "launch", "median_ms": ms, "gbps": gbps(nbytes, ms),
@@ -86,8 +90,8 @@ def run(ctx: Context) -> str:
                             "target_ratio": target})
         lines.append(f"| {name} | {len(shapes)} | {elements:,} | {their_ms:.3f} | {our_ms:.3f} | "
                      f"{gbps(nbytes, their_ms):.0f} | {gbps(nbytes, our_ms):.0f} | "
-                     f"{ctx.pct_of_line(gbps(nbytes, our_ms)):.0f}% | {ratio:.1f}x | >= {target:g}x | "
-                     f"{_verdict(ratio >= target)} |")
+                     f"{ctx.pct_of_line(gbps(nbytes, our_ms)):.0f}% | {ratio:.1f}x | "
+                     + (f">= {target:g}x | {_verdict(ratio >= target)} |" if target else "- | - |"))
         del inputs
         torch.cuda.empty_cache()
     ctx.write_json("gradnorm", records, {"max_norm": MAX_NORM})
