@@ -296,6 +296,38 @@ def test_clip_grad_norm_non_leaf_takes_the_wrapper(wrapper_calls):
     assert total.item() == 2.0 and wrapper_calls["clip_grad_norm_"] == 1
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_clip_grad_norm_views_and_tensors_without_autograd_metadata(device, wrapper_calls):
+    """The entry point reads a gradient from autograd's metadata, and asks autograd for a view's: a leaf view, a
+    view whose base came to require grad after it was taken, a tensor that never had metadata (no grad) and a
+    parameter all take the C path and give torch's total and gradients."""
+
+    def make():
+        base = torch.randn(8, device=device)
+        leaf_view = base[:4].requires_grad_()
+        leaf_view.grad = torch.randn(4, device=device)
+        later = torch.randn(8, device=device)
+        late_view = later[2:6]
+        later.requires_grad_()
+        late_view.grad = torch.randn(4, device=device)
+        parameter = torch.nn.Parameter(torch.randn(3, 5, device=device))
+        parameter.grad = torch.randn(3, 5, device=device)
+        return [leaf_view, late_view, torch.randn(3, device=device), parameter]
+
+    torch.manual_seed(0)
+    ours = make()
+    torch.manual_seed(0)
+    theirs = make()
+    got = torch_reduce.clip_grad_norm_(ours, 0.5)
+    want = torch.nn.utils.clip_grad_norm_(theirs, 0.5)
+    torch.testing.assert_close(got, want)
+    for p, q in zip(ours, theirs):
+        assert (p.grad is None) == (q.grad is None)
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad)
+    assert wrapper_calls["clip_grad_norm_"] == 0
+
+
 def test_no_reference_leaks():
     x = torch.randn(8, 9)
     dims = (0, 1)
