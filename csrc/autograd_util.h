@@ -40,6 +40,18 @@ bool needs_composite(const Tensors&... tensors) {
          (has_tangent(tensors) || ...);
 }
 
+// A new node of the autograd graph, owned as torch owns its nodes: by std::shared_ptr with torch's deleteNode (which
+// frees a long chain without recursing) up to torch 2.13, by c10::intrusive_ptr from 2.14. deleteNode is found by
+// argument-dependent lookup, so the branch a torch does not take still compiles against it.
+template <typename T>
+auto make_node() {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>) {
+    return c10::make_intrusive<T>();
+  } else {
+    return std::shared_ptr<T>(new T(), [](T* node) { deleteNode(node); });
+  }
+}
+
 // An op called below autograd (inside an autograd kernel, or instead of it).
 template <typename Signature, typename... Args>
 auto call_below_autograd(const c10::TypedOperatorHandle<Signature>& op, Args&&... args) {

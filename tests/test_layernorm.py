@@ -227,3 +227,64 @@ def test_rows_near_the_largest_float(device, dtype, hidden):
     torch.testing.assert_close(out, bias.expand_as(out), rtol=0, atol=0)
     var, mean = torch_reduce.var_mean(x, -1)
     assert torch.equal(var, torch.zeros_like(var)) and torch.equal(mean, x[:, 0])
+
+
+NORM_CALLS = {
+    "layer_norm": lambda x, r, w, b: torch_reduce.layer_norm(x, (x.shape[-1],), w, b),
+    "rms_norm": lambda x, r, w, b: torch_reduce.rms_norm(x, (x.shape[-1],), w),
+    "add_layer_norm": lambda x, r, w, b: torch_reduce.add_layer_norm(x, r, (x.shape[-1],), w, b)[0],
+    "add_rms_norm": lambda x, r, w, b: torch_reduce.add_rms_norm(x, r, (x.shape[-1],), w)[0],
+}
+TORCH_NORM_CALLS = {
+    "layer_norm": lambda x, r, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+    "rms_norm": lambda x, r, w, b: F.rms_norm(x, (x.shape[-1],), w),
+    "add_layer_norm": lambda x, r, w, b: F.layer_norm(x + r, (x.shape[-1],), w, b),
+    "add_rms_norm": lambda x, r, w, b: F.rms_norm(x + r, (x.shape[-1],), w),
+}
+
+
+def norm_inputs(device):
+    x, r = (torch.randn(3, 16, device=device, requires_grad=True) for _ in range(2))
+    w, b = (torch.randn(16, device=device, requires_grad=True) for _ in range(2))
+    return x, r, w, b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(NORM_CALLS))
+def test_backward_graph_behaves_as_torchs(name, device):
+    """The norms' backward node (written as torch's generated nodes are) as torch's: a second backward raises
+    torch's error unless the graph was retained, saved-tensor hooks see what it saves, an in-place change of a
+    saved input is caught, and the edges lead to the inputs' gradient accumulators."""
+    x, r, w, b = norm_inputs(device)
+    fused = name.startswith("add")
+    y = NORM_CALLS[name](x, r, w, b)
+    y.sum().backward(retain_graph=True)
+    first = [t.grad.clone() for t in (x, w)]
+    y.sum().backward()
+    for t, g in zip((x, w), first):
+        torch.testing.assert_close(t.grad, 2 * g)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+    wanted = {id(t) for t in (x, r if fused else None, w, b if "layer" in name else None) if t is not None}
+    edges = {id(fn.variable) for fn, _ in y.grad_fn.next_functions if fn is not None}
+    assert edges == wanted
+
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        y = NORM_CALLS[name](x, r, w, b)
+    assert any(t is w for t in packed) and packed  # the weight and the statistics at least
+    x.grad = None
+    y.sum().backward()
+    want_x = x.detach().requires_grad_()
+    TORCH_NORM_CALLS[name](want_x, r.detach(), w.detach(), b.detach()).sum().backward()
+    torch.testing.assert_close(x.grad, want_x.grad)
+
+    base = torch.randn(3, 16, device=device, requires_grad=True)
+    z = base * 1  # a non-leaf input changed in place after the forward saved it
+    y = NORM_CALLS[name](z, r, w, b)
+    z.add_(1)
+    if fused:  # the fused norm saves its own sum, not z: changing z does not touch what it needs
+        y.sum().backward()
+    else:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
