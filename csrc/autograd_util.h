@@ -22,10 +22,10 @@ bool records_grad(const Tensors&... tensors) {
   return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);
 }
 
-// Whether this call takes the composite path (composite.h) instead of a C++ autograd::Function: a functorch
-// transform is active (torch.func.grad, vjp, jvp, vmap: they refuse C++ Functions; functorch includes its
-// dynamic-layer keys while its layer stack is not empty), or an input carries a forward-mode tangent (a
-// Function has no forward derivative). Forward-mode AD has one level at a time in eager torch, level 0;
+// Whether this call takes the composite path (composite.h) instead of a C++ autograd node (a Function, or the
+// norms' NormBackward): a functorch transform is active (torch.func.grad, vjp, jvp, vmap: they refuse C++
+// Functions; functorch includes its dynamic-layer keys while its layer stack is not empty), or an input carries a
+// forward-mode tangent (our nodes have no forward derivative). Forward-mode AD has one level at a time in eager torch, level 0;
 // functorch's jvp is a transform and is caught by the first test.
 // A tangent lives in the autograd metadata: a tensor without any (most gradients and activations) skips the
 // virtual call to autograd's hooks.
