@@ -11,6 +11,7 @@
 // All are written in differentiable ops, so double backward works; transforms and forward-mode AD take
 // the composite path (torch's own ops).
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -23,7 +24,6 @@
 namespace torch_reduce {
 namespace {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 template <Reduction R, typename Signature>
@@ -74,63 +74,82 @@ at::Tensor vector_norm_gradient(const at::Tensor& x, const at::Tensor& norm, con
   return x.sgn() * x.abs().pow(p - 1) * (g / norm.pow(p - 1)).masked_fill(norm == 0, 0);
 }
 
-template <Reduction R, typename Signature>
-struct ReduceFunction : public torch::autograd::Function<ReduceFunction<R, Signature>> {
+// The backward node of a dim reduction, written as torch's generated nodes are (as the norms' NormBackward,
+// csrc/layernorm_autograd.cpp): typed fields and the result's history set directly, not a
+// torch::autograd::Function's string-keyed context.
+template <Reduction R>
+struct ReduceBackward : public torch::autograd::Node {
   static constexpr bool kSavesTensors = R != Reduction::Sum && R != Reduction::Mean;
+  std::vector<int64_t> dims;  // the reduced dims, ascending
+  bool keepdim = false;
+  std::vector<c10::SymInt> sizes;  // the input's
+  at::ScalarType input_type = at::kFloat;
+  double ord = 2;  // vector_norm's
+  torch::autograd::SavedVariable self, result;  // amax, amin, prod, vector_norm: the input and the result
 
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self, const ReduceCall& call) {
-    at::Tensor result = reduce_below_autograd<R, Signature>(self, call);
-    save_dims(ctx, self, call.dim, call.keepdim);
-    if constexpr (kSavesTensors) {
-      ctx->save_for_backward({self, result});
-      if constexpr (R == Reduction::VectorNorm) ctx->saved_data["ord"] = call.ord;
-    } else {
-      ctx->saved_data["sizes"] = self.sym_sizes();
-      ctx->saved_data["dtype"] = static_cast<int64_t>(self.scalar_type());
-    }
-    return result;
+  std::string name() const override { return std::string(reduction_name(R)) + "Backward"; }
+
+  void release_variables() override {
+    self.reset_data();
+    result.reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const std::vector<int64_t> dims = saved_dims(ctx);
-    const bool keepdim = ctx->saved_data["keepdim"].toBool();
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined() || !should_compute_output(0)) return {at::Tensor()};
     const at::Tensor g = restore_reduced_dims(grads[0], dims, keepdim);
     if constexpr (!kSavesTensors) {
-      const std::vector<c10::SymInt> sizes = saved_sizes(ctx);
       at::Tensor grad = g;
       if constexpr (R == Reduction::Mean) {
         c10::SymInt count = 1;
         for (int64_t d : dims) count *= sizes[d];
         grad = grad / c10::Scalar(count);
       }
-      const auto input_type = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
       if (grad.is_complex() && !at::isComplexType(input_type)) grad = at::real(grad);  // dtype=complex of a real input
-      return {grad.expand_symint(sizes).to(input_type), at::Tensor()};
+      return {grad.expand_symint(sizes).to(input_type)};
     } else {
-      const variable_list saved = ctx->get_saved_variables();
-      const at::Tensor& self = saved[0];
-      const at::Tensor result = restore_reduced_dims(saved[1], dims, keepdim);
-      const at::Tensor x = self.to(result.scalar_type());  // dtype= casts the input first
+      const at::Tensor input = self.unpack();
+      const at::Tensor reduced = restore_reduced_dims(result.unpack(getptr()), dims, keepdim);
+      const at::Tensor x = input.to(reduced.scalar_type());  // dtype= casts the input first
       at::Tensor grad;
       if constexpr (R == Reduction::Amax || R == Reduction::Amin) {
-        const at::Tensor ties = x == result;
+        const at::Tensor ties = x == reduced;
         grad = g / ties.sum(dims, /*keepdim=*/true) * ties;
       } else if constexpr (R == Reduction::Prod) {
         grad = g * prod_of_others(x, dims);
       } else {
-        grad = vector_norm_gradient(x, result, g, ctx->saved_data["ord"].toDouble(), dims);
+        grad = vector_norm_gradient(x, reduced, g, ord, dims);
       }
-      return {grad.to(self.scalar_type()), at::Tensor()};
+      return {grad.to(input_type)};
     }
   }
 };
+
+// The reduction, recorded for autograd. Called after the op, which has raised torch's errors for bad dims in
+// torch's order.
+template <Reduction R>
+void record_reduction(const at::Tensor& result, const at::Tensor& self, const ReduceCall& call) {
+  using torch::autograd::SavedVariable;
+  const auto node = make_node<ReduceBackward<R>>();
+  node->set_next_edges(torch::autograd::collect_next_edges(self));
+  node->dims = reduced_dims(call.dim, self.dim());
+  node->keepdim = call.keepdim;
+  node->sizes = self.sym_sizes().vec();
+  node->input_type = self.scalar_type();
+  node->ord = call.ord;
+  torch::autograd::set_history(result, node);
+  if constexpr (ReduceBackward<R>::kSavesTensors) {
+    node->self = SavedVariable(self, /*is_output=*/false);
+    node->result = SavedVariable(result, /*is_output=*/true);  // after its history: it refers to the node
+  }
+}
 
 template <Reduction R, typename Signature>
 struct AutogradBody {
   static at::Tensor run(const at::Tensor& self, const ReduceCall& call) {
     if (needs_composite(self)) return composite::reduce(R, self, call);
-    if (!records_grad(self)) return reduce_below_autograd<R, Signature>(self, call);
-    return ReduceFunction<R, Signature>::apply(self, call);
+    at::Tensor result = reduce_below_autograd<R, Signature>(self, call);
+    if (records_grad(self)) record_reduction<R>(result, self, call);
+    return result;
   }
 };
 

@@ -305,3 +305,43 @@ def test_cuda_accuracy_of_full_sum():
     x = torch.randn(2**24, device="cuda")
     exact = x.double().sum().item()
     assert abs(torch_reduce.sum(x).item() - exact) <= 1e-6 * x.double().abs().sum().item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["sum", "mean", "amax", "amin", "prod", "vector_norm"])
+def test_backward_graph_behaves_as_torchs(name, device):
+    """The reductions' backward node (written as torch's generated nodes are) as torch's: a second backward raises
+    torch's error unless the graph was retained, where the node saved tensors (sum and mean save none, as torch's
+    SumBackward and MeanBackward); an in-place change of a saved input is caught; the edge leads to the input's
+    gradient accumulator; the gradient is torch's."""
+    if name == "vector_norm":
+        ours, theirs = (lambda t: torch_reduce.vector_norm(t, 3.0, 1)), (lambda t: torch.linalg.vector_norm(t, 3.0, 1))
+    else:
+        ours, theirs = (lambda t: getattr(torch_reduce, name)(t, 1)), (lambda t: getattr(torch, name)(t, 1))
+    x = torch.randn(4, 6, device=device, requires_grad=True)
+    y = ours(x)
+    assert y.grad_fn.next_functions[0][0].variable is x
+    y.sum().backward(retain_graph=True)
+    first = x.grad.clone()
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * first)
+    if name in ("sum", "mean"):
+        y.sum().backward()
+        t = theirs(x)
+        t.sum().backward()
+        t.sum().backward()  # torch's too: nothing saved, nothing freed
+    else:
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            y.sum().backward()
+    want = x.detach().requires_grad_()
+    theirs(want).sum().backward()
+    torch.testing.assert_close(first, want.grad)
+
+    z = x * 1
+    y = ours(z)
+    z.mul_(2)
+    if name in ("sum", "mean"):
+        y.sum().backward()
+    else:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()

@@ -17,6 +17,8 @@ alone the dispatcher's and the kernel's.
   >= GPU_BOUND of the loop's figure for torch or ours, and its ratio then compares kernels, not call paths.
 - CPU tensors (the small cases only, where the call path and not the kernel sets the time; run without a GPU
   too): host time is the whole call, kernel included.
+- Calls that autograd records (inputs requiring grad), alone and with autograd.grad after them: our autograd
+  nodes' costs against torch's generated ones. Their GPU time alone is not measured (no graph capture).
 
 The same tensor serves every call of a case (L2-resident: the host, not the memory, is under test); before any
 timing, ours is checked against torch's result. Target: ratio = torch µs / ours µs >= 1.0.
@@ -53,6 +55,7 @@ class Case:
     ours_stmt: str
     direct_stmt: Optional[str] = None  # the op called directly: op(x), with op bound in the namespace
     on_cpu: bool = False  # small enough for the call path to dominate on CPU tensors
+    gpu_time: bool = True  # measure the statement's GPU time alone (not for autograd's: no graph capture)
 
 
 def _full_sum(log2_n: int) -> Case:
@@ -62,6 +65,15 @@ def _full_sum(log2_n: int) -> Case:
 
 def _dims(op: str, shape: tuple[int, ...], dim: str) -> Case:
     return Case(f"{op} {shape} dim={dim}", shape, f"torch.{op}(x, {dim})", f"torch_reduce.{op}(x, {dim})")
+
+
+def _recorded(name: str, inputs: str, grad: str, theirs: str, ours: str) -> list[Case]:
+    """A call on (2, 8) that autograd records (its inputs require grad), then the same call and autograd.grad of
+    `inputs` with `grad`: the cost of our autograd node against torch's generated one, on an input small enough
+    that our CPU kernels (reference models of the GPU's order, not fast ones) cost little."""
+    return [Case(f"{name} (2, 8), recorded", (2, 8), theirs, ours, on_cpu=True, gpu_time=False),
+            Case(f"{name} (2, 8), forward + autograd.grad", (2, 8), f"torch.autograd.grad({theirs}, {inputs}, {grad})",
+                 f"torch.autograd.grad({ours}, {inputs}, {grad})", on_cpu=True, gpu_time=False)]
 
 
 CASES = [
@@ -80,16 +92,22 @@ CASES = [
     # torch: the add, then the norm; ours returns (norm, sum), of which the check compares the norm.
     Case("add_rms_norm (8, 1024)", (8, 1024), "F.rms_norm(x + r, (1024,), w)",
          "torch_reduce.add_rms_norm(x, r, (1024,), w)[0]", on_cpu=True),
+    *_recorded("sum dim=-1", "xg", "g_row", "torch.sum(xg, -1)", "torch_reduce.sum(xg, -1)"),
+    *_recorded("amax dim=-1", "xg", "g_row", "torch.amax(xg, -1)", "torch_reduce.amax(xg, -1)"),
+    *_recorded("layer_norm", "(xg, wg, bg)", "g_out", "F.layer_norm(xg, (8,), wg, bg)",
+               "torch_reduce.layer_norm(xg, (8,), wg, bg)"),
 ]
 
 
 def _namespace(case: Case, device: str) -> dict:
-    """The names the statements use: x, the residual r, the norms' w and b, and op for the direct call."""
+    """The names the statements use: x, the residual r, the norms' w and b, and op for the direct call; xg, wg and
+    bg requiring grad, and the gradients of a row reduction's output (g_row) and of a norm's (g_out)."""
     hidden = case.shape[-1]
+    x, w, b = (torch.randn(shape, device=device) for shape in (case.shape, hidden, hidden))
     return {"torch": torch, "torch_reduce": torch_reduce, "F": F, "op": torch.ops.reduce.sum.default,
-            "x": torch.randn(case.shape, device=device), "r": torch.randn(case.shape, device=device),
-            "w": torch.randn(hidden, device=device),
-            "b": torch.randn(hidden, device=device)}
+            "x": x, "r": torch.randn(case.shape, device=device), "w": w, "b": b,
+            "xg": x.clone().requires_grad_(), "wg": w.clone().requires_grad_(), "bg": b.clone().requires_grad_(),
+            "g_row": torch.randn(case.shape[:-1], device=device), "g_out": torch.randn(case.shape, device=device)}
 
 
 def _statements(case: Case) -> dict[str, str]:
@@ -140,7 +158,7 @@ def measure(case: Case, device: str, min_run_time: float) -> dict:
            "iqr_us": {impl: 1e6 * m.iqr for impl, m in timed.items()},
            "blocks": {impl: len(m.times) for impl, m in timed.items()},
            "gpu_us": None, "gpu_bound": False}
-    if device == "cuda":
+    if device == "cuda" and case.gpu_time:
         row["gpu_us"] = {impl: _gpu_us(stmts[impl], namespace) for impl in ("torch", "torch_reduce")}
         row["gpu_bound"] = any(row["gpu_us"][impl] >= GPU_BOUND * row["us"][impl] for impl in row["gpu_us"])
     row["ratio"] = row["us"]["torch"] / row["us"]["torch_reduce"]
