@@ -47,6 +47,14 @@ for hidden, dtype, param_dtype in [(768, torch.float32, None), (1001, torch.floa
     torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()
     torch_reduce.rms_norm(z, (hidden,), w).sum().backward()
     torch_reduce.var_mean(z.detach(), -1)
+# The backward with its column sums in shared memory: rows enough that it is chosen (blocks of 160 threads for
+# 2560, warp rows for 64), a fused add's grad_sum included.
+for rows, hidden in [(4500, 2560), (20000, 64)]:
+    z, r = (torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    w, b = (torch.randn(hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()
+    y, s = torch_reduce.add_rms_norm(z, r, (hidden,), w)
+    (y.sum() + s.sum()).backward()
 shifted = torch.randn(7 * 2048 + 1, device="cuda")[1:].view(7, 2048).requires_grad_()
 torch_reduce.layer_norm(shifted, (2048,), torch.ones(2048, device="cuda", requires_grad=True)).sum().backward()
 # The gradient norm: full and partial chunks of every dtype, aligned and misaligned, empty and 0-dim tensors, a

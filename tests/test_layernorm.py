@@ -249,6 +249,50 @@ def norm_inputs(device):
     return x, r, w, b
 
 
+def float64_norm_grads(name, s, w, b, grad):
+    """The gradients of norm `name` (without its residual add) at the input s, in float64."""
+    s64, w64, b64 = (t.detach().double().requires_grad_() for t in (s, w, b))
+    layer = "layer" in name
+    y = F.layer_norm(s64, (s.shape[-1],), w64, b64) if layer else F.rms_norm(s64, (s.shape[-1],), w64)
+    return torch.autograd.grad(y, (s64, w64, b64) if layer else (s64, w64), grad.double())
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", list(NORM_CALLS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows,hidden", [(8192, 1024), (8192, 2560), (70000, 256), (3001, 768)])
+def test_backward_kernel_layouts(rows, hidden, dtype, name):
+    """Shapes on which the backward keeps its column sums in shared memory (many rows: blocks of 128 and 160
+    threads for 1024 and 2560, warp rows for 256) or in registers (3001 x 768), every norm, the fused ones'
+    grad_sum included: against float64, and the parameter gradients the same bits on a second run."""
+    x, r = (torch.randn(rows, hidden, device="cuda").to(dtype).requires_grad_() for _ in range(2))
+    w, b = make_params((hidden,), dtype, "cuda", True, True)
+    layer, fused = "layer" in name, name.startswith("add")
+    params = (w, b) if layer else (w,)
+    if fused:
+        call = torch_reduce.add_layer_norm if layer else torch_reduce.add_rms_norm
+        y, s = call(x, r, (hidden,), *params)
+        outputs, inputs = (y, s), (x, r, *params)
+    else:
+        call = torch_reduce.layer_norm if layer else torch_reduce.rms_norm
+        y, s = call(x, (hidden,), *params), x
+        outputs, inputs = (y,), (x, *params)
+    grads_out = [torch.randn_like(t) for t in outputs]
+    got = torch.autograd.grad(outputs, inputs, grads_out, retain_graph=True)
+    want = float64_norm_grads(name, s, w, b, grads_out[0])
+    want_input = want[0] + grads_out[1].double() if fused else want[0]
+    kappa = conditioning(s, (hidden,), 1e-5)
+    tol = {k: v * kappa for k, v in TOL[dtype].items()}
+    for g in got[:2 if fused else 1]:
+        torch.testing.assert_close(g, want_input.to(dtype), **tol)
+    for g, w64 in zip(got[2 if fused else 1:], want[1:]):
+        scale = max(1.0, w64.abs().max().item())
+        torch.testing.assert_close(g.double() / scale, w64 / scale, **SUM_TOL[dtype], check_dtype=False)
+    again = torch.autograd.grad(outputs, params, grads_out)
+    for g, h in zip(got[2 if fused else 1:], again):
+        assert torch.equal(g, h)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(NORM_CALLS))
 def test_backward_graph_behaves_as_torchs(name, device):

@@ -8,12 +8,27 @@
 //   A fused add + norm's backward passes grad_sum, the gradient of the sum's other uses, which is added to
 //   grad_input as it is stored.
 // Row kernel (16-byte aligned rows): thread t of a row's group owns the same columns in every row it visits
-// (row_layout.cuh), so its column sums stay in registers, two accumulators an element, from the first row to
-// the last. Where a row's x and dy are between the two passes (RowSource):
+// (row_layout.cuh), so it adds its columns' terms of every row into the same column sums (ColumnSums):
+//   Registers: two accumulators an element in registers, from the first row to the last, at 512 threads per SM
+//              (Tuning::kBackwardThreads);
+//   Shared:    in the group's slab of shared memory (16-byte runs, column_run), at 1024 threads per SM
+//              (Tuning::kSharedSumsThreads) of a group just as large as the row needs (any multiple of 32).
+// What bounds this kernel is how many rows an SM has in progress: each row's loads wait on its reduction's
+// barrier, so an SM keeps about (rows in progress) x (row bytes) in flight, and a 16-bit row keeps half a float32
+// one's. With the sums in registers a bfloat16 thread's 2 x 8 accumulators a vector fill the 128 registers,
+// so an SM held 2 rows of 4096 (1 of 8192); with them in shared memory it holds twice the threads and rows.
+// The host plans both and launches the one with more rows in progress per SM (a shared-memory block takes
+// Tuning::kSharedSumsMinRows rows at least, or its partial row costs more than its rows). H200, bfloat16,
+// backward alone, graph replay, registers -> chosen, one run: LayerNorm 65536x1024 191 -> 134 us (45% -> 65% of
+// the line), 16384x8192 334 -> 263 us (52% -> 66%); RMSNorm 8192x8192 161 -> 116 us (54% -> 75%); over the
+// 30 shapes of N >= 2^24 the median 52% -> 59% (LayerNorm) and 61% -> 66% (RMSNorm), 0.93-1.43x; float32
+// 0.95-1.12x (median 1.00).
+// Where a row's x and dy are between the two passes (RowSource):
 //   Held:   in registers (16-bit ones packed), for rows of up to Tuning::kHeldItems vectors a thread;
 //   Reread: wider rows (up to Tuning::kRereadItems vectors a thread): read again in the second pass, from L2
 //           (the block's row was just read), so that the registers hold the accumulators alone.
-// Measured on the H200 and kept out (bfloat16 runs at 35-75% of the line; none of these moved it):
+// Measured on the H200 and kept out (bfloat16 ran at 35-75% of the line with the sums in registers; none of these
+// moved it):
 // - the next row staged in shared memory with cp.async while this one is computed (two stages): float32
 //   65536x4096 65% of the line against 82%; bfloat16 no faster;
 // - bulk copies (TMA) of x and dy into shared memory 2-4 rows ahead per block, column sums in registers:
@@ -21,15 +36,18 @@
 // - the next row's x and dy loaded into registers during this one, by loads the compiler may not move or
 //   repeat (ld.global volatile, issued before the row's barrier; SASS checked), two vectors a thread: within
 //   2% at 13 shapes, LayerNorm and RMSNorm; one vector a thread at 1024 threads per SM: 0.59-1.09x;
-// - bfloat16 unpacked by shift and mask (11% fewer instructions, ptxas): 0-3% slower.
-// So neither loads in flight nor the instruction count is what holds it. Nsight Compute, bfloat16 16384x4096:
-// 121 registers, 4 warps per scheduler (1.2 eligible), an instruction issued in 57% of cycles, DRAM 50% busy,
-// the top stall (30%) a wait on L1TEX (weight and statistics loads, shared memory).
+// - bfloat16 unpacked by shift and mask (11% fewer instructions, ptxas): 0-3% slower;
+// - the shared-memory sums in power-of-two blocks: a row of 2560 or 5120 left a block's threads idle, 0.92-0.96x
+//   the register kernel there.
+// Nsight Compute, bfloat16 16384x4096, sums in registers: 121 registers, 4 warps per scheduler (1.2 eligible),
+// an instruction issued in 57% of cycles, DRAM 50% busy, the top stall (30%) a wait on L1TEX.
 // Streaming kernel (rows that are not 16-byte aligned, or wider): element by element, the column sums in
 // shared memory, or in global scratch when two blocks' worth do not fit an SM.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <functional>
 
 #include "common/dispatch.h"
 #include "cuda/arch_check.cuh"
@@ -44,6 +62,35 @@ namespace torch_reduce::cuda {
 namespace {
 
 enum class RowSource { Held, Reread };
+// Where the row kernel keeps its threads' column sums between rows.
+enum class ColumnSums { Registers, Shared };
+
+// The column sums' layout, in shared memory and in the partial rows: 16-byte runs of acc_t (R = 4 floats or 2
+// doubles), element e of a thread's vector i at (e / R) * vectors * R + i * R + e % R. A float32 row's sums are
+// then in column order; a 16-bit row's (8 elements a vector) are two interleaved halves. A thread reads and
+// writes whole runs, and a warp's runs are consecutive: no bank conflicts, whole sectors.
+template <typename acc_t>
+__device__ __forceinline__ Vec16<acc_t>* column_run(acc_t* columns, int64_t vectors, int64_t i, int run) {
+  constexpr int kRun = Vec16<acc_t>::kSize;
+  return reinterpret_cast<Vec16<acc_t>*>(columns + (run * vectors + i) * kRun);
+}
+
+template <typename acc_t>
+__device__ __forceinline__ Vec16<acc_t> run_of(const acc_t* terms) {
+  Vec16<acc_t> v;
+#pragma unroll
+  for (int e = 0; e < Vec16<acc_t>::kSize; ++e) v.value[e] = terms[e];
+  return v;
+}
+
+// *p += terms[0 .. R), one 16-byte load and store.
+template <typename acc_t>
+__device__ __forceinline__ void add_run(Vec16<acc_t>* p, const acc_t* terms) {
+  Vec16<acc_t> v = load_vector(p);
+#pragma unroll
+  for (int e = 0; e < Vec16<acc_t>::kSize; ++e) v.value[e] += terms[e];
+  store_vector(p, v);
+}
 
 
 // g = dy * weight rounded on its own: an FMA fusing it into `g - mean_g` would keep the product's rounding
@@ -68,7 +115,7 @@ __device__ __forceinline__ Vec16<scalar_t> load_vector_again(const Vec16<scalar_
 // memory or global scratch; `slots` = param_sums * cols a group), added in group order: the same bits on every run.
 template <unsigned BLOCK, unsigned kGroups, typename acc_t>
 __device__ __forceinline__ void fold_groups(const acc_t* columns, int64_t slots, acc_t* __restrict__ partial) {
-  for (int64_t c = threadIdx.x; c < slots; c += BLOCK) {
+  for (int64_t c = threadIdx.x; c < slots; c += group_threads<BLOCK>()) {
     acc_t sum = 0;
     for (unsigned g = 0; g < kGroups; ++g) sum += columns[g * slots + c];
     partial[c] = sum;
@@ -78,8 +125,10 @@ __device__ __forceinline__ void fold_groups(const acc_t* columns, int64_t slots,
 // kGradSum: grad_sum is given (a fused add + norm's backward). A template flag, so the ordinary kernels keep
 // their registers: the load and add spilled the wide-row kernels of 512 threads (ptxas: 88 bytes).
 template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, RowSource kSource,
-          bool kGradSum, typename scalar_t, typename param_t, typename acc_t>
-__global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
+          ColumnSums kSums, bool kGradSum, typename scalar_t, typename param_t, typename acc_t>
+__global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
+                                  (kSums == ColumnSums::Shared ? Tuning::kSharedSumsThreads : Tuning::kBackwardThreads) /
+                                      (BLOCK == kAnyBlock ? 1024 : BLOCK))
     row_norm_bwd_rows_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
                                const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
                                const param_t* __restrict__ weight, const scalar_t* __restrict__ grad_sum,
@@ -87,14 +136,29 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
                                acc_t* __restrict__ partials) {
   using V = Vec16<scalar_t>;
   constexpr int kSize = V::kSize;
-  constexpr unsigned kGroups = BLOCK / GROUP;
+  constexpr unsigned kGroups = GROUP == BLOCK ? 1 : BLOCK / GROUP;
   constexpr bool kLayer = kNorm == RowNorm::Layer;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  const unsigned group = threadIdx.x / GROUP, t = threadIdx.x % GROUP;
+  const unsigned group_size = group_threads<GROUP>();
+  unsigned group = 0, t = threadIdx.x;
+  if constexpr (kGroups > 1) {
+    group = threadIdx.x / GROUP;
+    t = threadIdx.x % GROUP;
+  }
   const int64_t vectors = cols / kSize, slots = param_sums(kNorm) * cols;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups;
   const acc_t inv_cols = acc_t(1) / static_cast<acc_t>(cols);
-  constexpr bool kHeld = kSource == RowSource::Held;
+  constexpr bool kHeld = kSource == RowSource::Held, kInShared = kSums == ColumnSums::Shared;
+  constexpr int kRun = Vec16<acc_t>::kSize, kRuns = kSize / kRun;
+  // The group's column sums (weight's, then bias's) in shared memory: always for kInShared, at the end for a
+  // block of several groups.
+  acc_t* const columns = reinterpret_cast<acc_t*>(shared_bytes) + group * slots;
+  if constexpr (kInShared) {
+    for (int64_t c = threadIdx.x; c < kGroups * slots; c += group_threads<BLOCK>()) {
+      reinterpret_cast<acc_t*>(shared_bytes)[c] = 0;
+    }
+    __syncthreads();
+  }
   // Vector k (column vector i) of tensor j (0: x, 1: dy) of the current row; again: the second pass.
   RowRegisters<scalar_t, kHeld ? ITEMS : 1> xr, dyr;
   const auto row_vector = [&](int j, int64_t row, int k, int64_t i, bool again) {
@@ -106,9 +170,10 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
     }
   };
 
-  acc_t dw[ITEMS][kSize], db[ITEMS][kSize];
+  constexpr int kHeldSums = kInShared ? 0 : ITEMS;
+  acc_t dw[kHeldSums + 1][kSize], db[kHeldSums + 1][kSize];  // (+ 1: no zero-length arrays; unused when shared)
 #pragma unroll
-  for (int k = 0; k < ITEMS; ++k) {
+  for (int k = 0; k < kHeldSums; ++k) {
 #pragma unroll
     for (int e = 0; e < kSize; ++e) dw[k][e] = db[k][e] = 0;
   }
@@ -124,7 +189,7 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
     const auto visit_row = [&](bool again, auto f) {
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
-        const int64_t i = t + static_cast<int64_t>(k) * GROUP;
+        const int64_t i = t + static_cast<int64_t>(k) * group_size;
         if (i >= vectors) continue;
         acc_t wv[kSize];
         if (weight != nullptr) {
@@ -157,39 +222,50 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kBackwardThreads / BLOCK)
       if (kGradSum && grad_in != nullptr) {
         gs = load_vector(reinterpret_cast<const V*>(grad_sum + row * cols) + i);
       }
+      // One 16-byte run of column sums at a time, so that the shared-memory variant keeps one run's terms live.
 #pragma unroll
-      for (int e = 0; e < kSize; ++e) {
-        const acc_t d = static_cast<acc_t>(dv.value[e]), xhat = (static_cast<acc_t>(xv.value[e]) - mu) * rs;
-        const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
-        dw[k][e] += d * xhat;
-        if (kLayer) db[k][e] += d;
-        o.value[e] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx) + static_cast<acc_t>(gs.value[e]));
+      for (int r = 0; r < kRuns; ++r) {
+        acc_t weight_terms[kRun], bias_terms[kRun];
+#pragma unroll
+        for (int j = 0; j < kRun; ++j) {
+          const int e = r * kRun + j;
+          const acc_t d = static_cast<acc_t>(dv.value[e]), xhat = (static_cast<acc_t>(xv.value[e]) - mu) * rs;
+          const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
+          if constexpr (kInShared) {
+            weight_terms[j] = d * xhat;
+            bias_terms[j] = d;
+          } else {
+            dw[k][e] += d * xhat;
+            if (kLayer) db[k][e] += d;
+          }
+          o.value[e] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx) + static_cast<acc_t>(gs.value[e]));
+        }
+        if constexpr (kInShared) {
+          add_run(column_run(columns, vectors, i, r), weight_terms);
+          if (kLayer) add_run(column_run(columns + cols, vectors, i, r), bias_terms);
+        }
       }
       if (grad_in != nullptr) store_vector(reinterpret_cast<V*>(grad_in + row * cols) + i, o);
     });
   }
   if (partials == nullptr) return;
-  // The block's partial row: weight sums, then bias sums, each element-major (element e of vector i at
-  // e * vectors + i), so that a warp's stores of one element fill whole sectors; column_fold_kernel maps
-  // them back. (Column order, a thread's 8 or 4 consecutive floats, cost 8 or 4 partial-sector stores an
-  // element: H200, bfloat16 1024x2560, graph replay: 35.0 us for the backward then, 13.3 us now.) Several
-  // groups (warp rows) meet in shared memory first, without bank conflicts in this order.
-  acc_t* const partial = partials + blockIdx.x * slots;
-  acc_t* const columns = kGroups == 1 ? partial : reinterpret_cast<acc_t*>(shared_bytes) + group * slots;
+  // The block's partial row, in column_run's layout. Several groups (warp rows) meet in shared memory first.
+  if constexpr (!kInShared) {
+    acc_t* const sums = kGroups == 1 ? partials + blockIdx.x * slots : columns;
 #pragma unroll
-  for (int k = 0; k < ITEMS; ++k) {
-    const int64_t i = t + static_cast<int64_t>(k) * GROUP;
-    if (i >= vectors) continue;
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t i = t + static_cast<int64_t>(k) * group_size;
+      if (i >= vectors) continue;
 #pragma unroll
-    for (int e = 0; e < kSize; ++e) {
-      columns[e * vectors + i] = dw[k][e];
-      if (kLayer) columns[cols + e * vectors + i] = db[k][e];
+      for (int r = 0; r < kRuns; ++r) {
+        store_vector(column_run(sums, vectors, i, r), run_of(dw[k] + r * kRun));
+        if (kLayer) store_vector(column_run(sums + cols, vectors, i, r), run_of(db[k] + r * kRun));
+      }
     }
+    if constexpr (kGroups == 1) return;
   }
-  if constexpr (kGroups > 1) {
-    __syncthreads();
-    fold_groups<BLOCK, kGroups>(reinterpret_cast<const acc_t*>(shared_bytes), slots, partial);
-  }
+  __syncthreads();
+  fold_groups<BLOCK, kGroups>(reinterpret_cast<const acc_t*>(shared_bytes), slots, partials + blockIdx.x * slots);
 }
 
 // The streaming kernel: as above, element by element, each thread adding its columns' dy * xhat and dy into
@@ -253,13 +329,13 @@ __global__ void __launch_bounds__(BLOCK)
 }
 
 // grad_weight and grad_bias from the blocks' partial rows (chunks x slots: weight's cols, then bias's where
-// slots == 2 * cols, each element-major over `vectors` vectors a row: vectors == cols for the streaming
-// kernel's column order): a tile of kFoldTile slots
-// per block, kFoldLanes lanes striding over the chunks, the lanes folded in order: the same bits every run.
+// slots == 2 * cols, each in column_run's layout over `vectors` vectors a row, runs of run_length elements;
+// vectors == cols and run_length 1 are column order, the streaming kernel's): a tile of kFoldTile slots per block, kFoldLanes lanes striding over the
+// chunks, the lanes folded in order: the same bits every run.
 template <typename Tuning, typename param_t, typename acc_t>
 __global__ void __launch_bounds__(Tuning::kFoldTile * Tuning::kFoldLanes)
     column_fold_kernel(const acc_t* __restrict__ partials, int64_t chunks, int64_t slots, int64_t cols, int64_t vectors,
-                       param_t* __restrict__ grad_weight, param_t* __restrict__ grad_bias) {
+                       int64_t run_length, param_t* __restrict__ grad_weight, param_t* __restrict__ grad_bias) {
   constexpr unsigned kFoldTile = Tuning::kFoldTile, kFoldLanes = Tuning::kFoldLanes;
   const unsigned lane = threadIdx.x % kFoldTile, chunk_lane = threadIdx.x / kFoldTile;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFoldTile + lane;  // slot of a partial row
@@ -274,7 +350,9 @@ __global__ void __launch_bounds__(Tuning::kFoldTile * Tuning::kFoldLanes)
   if (chunk_lane == 0 && c < slots) {
     for (unsigned k = 1; k < kFoldLanes; ++k) s += lanes[k][lane];
     param_t* out = c < cols ? grad_weight : grad_bias;
-    const int64_t slot = c < cols ? c : c - cols, column = slot % vectors * (cols / vectors) + slot / vectors;
+    const int64_t slot = c < cols ? c : c - cols, run = slot / (vectors * run_length);
+    const int64_t in_run = slot % (vectors * run_length);
+    const int64_t column = in_run / run_length * (cols / vectors) + run * run_length + in_run % run_length;
     if (out != nullptr) out[column] = static_cast<param_t>(s);
   }
 }
@@ -323,51 +401,100 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         // A resident grid, so each block's partial covers many rows; it depends on the shape and the GPU alone,
         // so the column sums are the same bits on every run.
         at::Tensor partials;
-        int64_t grid = 0, partial_vectors = cols;  // the partial rows' layout (see column_fold_kernel)
-        const auto partial_rows = [&](int64_t row_grid, int64_t resident) {
-          grid = std::min(row_grid, resident);
+        int64_t grid = 0, partial_vectors = cols, partial_run = 1;  // the partial rows' layout (column_fold_kernel)
+        const auto partial_rows = [&](int64_t blocks) {
+          grid = blocks;
           if (column_sums) partials = at::empty({grid, slots}, stat_options);
           return column_sums ? partials.mutable_data_ptr<acc_t>() : nullptr;
         };
         // f(std::bool_constant<grad_sum given>()).
         const auto with_grad_sum = [&](auto f) { return gsp != nullptr ? f(std::true_type()) : f(std::false_type()); };
-        const auto launch_rows = [&](auto group, auto block, auto items, auto source, int64_t row_grid) {
-          with_grad_sum([&](auto grad_sum_given) {
+        // A row kernel's launch, planned: its grid and how many rows an SM has in progress at once (what keeps
+        // x and dy in flight); none (rows_per_sm 0) when its shared memory does not fit a block.
+        struct RowPlan {
+          double rows_per_sm = 0;
+          std::function<void()> launch;
+        };
+        // threads: the block's (BLOCK, or the run-time size of a kAnyBlock block).
+        const auto plan_rows = [&](auto group, auto block, auto items, auto source, auto sums, unsigned threads,
+                                   int64_t row_grid, int64_t max_grid) {
+          return with_grad_sum([&](auto grad_sum_given) {
             constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
+            constexpr ColumnSums kSums = decltype(sums)::value;
             const auto kernel =
                 row_norm_bwd_rows_kernel<Tuning, kNorm, kGroup, kBlock, decltype(items)::value, decltype(source)::value,
-                                         decltype(grad_sum_given)::value, scalar_t, param_t, acc_t>;
-            // Warp rows meet in shared memory at the end: four groups' columns (at most 24 KiB).
-            const size_t shared_bytes = kBlock == kGroup ? 0 : (kBlock / kGroup) * slots * sizeof(acc_t);
-            acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
-            partial_vectors = cols / Vec16<scalar_t>::kSize;
-            kernel<<<grid, kBlock, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols, partial_ptr);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+                                         kSums, decltype(grad_sum_given)::value, scalar_t, param_t, acc_t>;
+            // The groups' column sums in shared memory: all along (ColumnSums::Shared), or where several groups
+            // (warp rows) meet at the end.
+            constexpr int64_t kGroups = kGroup == kBlock ? 1 : kBlock / kGroup;
+            size_t shared_bytes = 0;
+            if constexpr (kSums == ColumnSums::Shared || kGroups > 1) {
+              shared_bytes = kGroups * slots * sizeof(acc_t);
+              if (shared_bytes > allow_max_dynamic_shared(kernel)) return RowPlan{};
+            }
+            const int64_t resident = resident_blocks_per_sm(kernel, static_cast<int>(threads), shared_bytes) * sms;
+            const int64_t blocks = std::min({row_grid, resident, max_grid});
+            return RowPlan{static_cast<double>(blocks * kGroups) / static_cast<double>(sms), [=, &partial_rows] {
+                             acc_t* partial_ptr = partial_rows(blocks);
+                             kernel<<<blocks, threads, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols,
+                                                                              partial_ptr);
+                             C10_CUDA_KERNEL_LAUNCH_CHECK();
+                           }};
           });
         };
         using Held = std::integral_constant<RowSource, RowSource::Held>;
         using Reread = std::integral_constant<RowSource, RowSource::Reread>;
+        using InRegisters = std::integral_constant<ColumnSums, ColumnSums::Registers>;
+        using InShared = std::integral_constant<ColumnSums, ColumnSums::Shared>;
         constexpr int64_t kSize = Vec16<scalar_t>::kSize;
         const int64_t vectors = cols / kSize;
-        bool launched = false;
+        constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+        RowPlan plan;
         if (aligned && cols % kSize == 0) {
           using Items = std::integral_constant<int, Tuning::template kHeldItems<scalar_t>>;
           if (vectors <= int64_t{Tuning::kMaxRowBlock} * Items::value) {
             with_row_layout<Tuning, scalar_t, Items::value, Tuning::kMinBackwardBlock>(
                 rows, cols, true, sms * Tuning::kBackwardThreads, [&](auto group, auto block, auto, int64_t row_grid) {
-                  launch_rows(group, block, Items(), Held(), row_grid);
+                  plan = plan_rows(group, block, Items(), Held(), InRegisters(), decltype(block)::value, row_grid,
+                                   kNoLimit);
                 });
-            launched = true;
           }
           if constexpr (Tuning::template kRereadItems<scalar_t> > 0) {
             using Block = std::integral_constant<unsigned, Tuning::kMaxRowBlock>;
             using Wide = std::integral_constant<int, Tuning::template kRereadItems<scalar_t>>;
-            if (!launched && vectors <= int64_t{Tuning::kMaxRowBlock} * Wide::value) {
+            if (!plan.launch && vectors <= int64_t{Tuning::kMaxRowBlock} * Wide::value) {
               TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
-              launch_rows(Block(), Block(), Wide(), Reread(), rows);
-              launched = true;
+              plan = plan_rows(Block(), Block(), Wide(), Reread(), InRegisters(), Block::value, rows, kNoLimit);
             }
           }
+          // The column sums in shared memory instead, where that keeps more rows in progress per SM: a block of
+          // just the threads a row needs (any multiple of 32), each block taking kSharedSumsMinRows rows at
+          // least (its partial row costs about what 3 rows of reads do).
+          using SharedItems = std::integral_constant<int, Tuning::kSharedSumsItems>;
+          const int64_t threads = (vectors + SharedItems::value - 1) / SharedItems::value;
+          if (threads <= 1024 && rows <= std::numeric_limits<int32_t>::max()) {
+            const auto min_rows = [&](int64_t groups) {
+              return std::max<int64_t>(1, rows / (groups * Tuning::kSharedSumsMinRows));
+            };
+            using WarpGroup = std::integral_constant<unsigned, kWarpSize>;
+            using WarpBlock = std::integral_constant<unsigned, Tuning::kWarpRowsBlock>;
+            using AnyBlock = std::integral_constant<unsigned, kAnyBlock>;
+            constexpr int64_t kWarpGroups = Tuning::kWarpRowsBlock / kWarpSize;
+            const RowPlan shared =
+                threads <= kWarpSize
+                    ? plan_rows(WarpGroup(), WarpBlock(), SharedItems(), Held(), InShared(), WarpBlock::value,
+                                (rows + kWarpGroups - 1) / kWarpGroups, min_rows(kWarpGroups))
+                    : plan_rows(AnyBlock(), AnyBlock(), SharedItems(), Held(), InShared(),
+                                static_cast<unsigned>((threads + kWarpSize - 1) / kWarpSize * kWarpSize), rows,
+                                min_rows(1));
+            if (shared.rows_per_sm > plan.rows_per_sm) plan = shared;
+          }
+        }
+        const bool launched = static_cast<bool>(plan.launch);
+        if (launched) {
+          plan.launch();
+          partial_vectors = vectors;
+          partial_run = Vec16<acc_t>::kSize;
         }
         if (!launched) {
           const int64_t warp_rows = int64_t{kWarpSize} * Tuning::template kHeldItems<scalar_t> * kSize;
@@ -380,7 +507,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
               const int64_t column_bytes = column_sums ? (kBlock / kGroup) * slots * int64_t{sizeof(acc_t)} : 0;
               const bool in_shared = column_bytes <= static_cast<int64_t>(allow_max_dynamic_shared(kernel) / 2);
               const size_t shared_bytes = in_shared ? static_cast<size_t>(column_bytes) : 0;
-              acc_t* partial_ptr = partial_rows(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms);
+              acc_t* partial_ptr =
+                  partial_rows(std::min(row_grid, resident_blocks_per_sm(kernel, kBlock, shared_bytes) * sms));
               at::Tensor scratch;
               if (!in_shared && column_sums) {
                 scratch = at::empty({grid, column_bytes / int64_t{sizeof(acc_t)}}, stat_options);
@@ -407,7 +535,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
           TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), op, ": normalized size too large: ", cols);
           constexpr unsigned kFoldThreads = Tuning::kFoldTile * Tuning::kFoldLanes;
           column_fold_kernel<Tuning, param_t, acc_t><<<tiles, kFoldThreads, 0, stream>>>(
-              partials.const_data_ptr<acc_t>(), grid, slots, cols, partial_vectors,
+              partials.const_data_ptr<acc_t>(), grid, slots, cols, partial_vectors, partial_run,
               grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<param_t>() : nullptr,
               grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<param_t>() : nullptr);
           C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -41,6 +41,15 @@ __device__ __forceinline__ void load_params(const param_t* p, int64_t first, acc
   }
 }
 
+// A group (GROUP) or block (BLOCK) size of kAnyBlock: the group is the whole block, of any multiple of 32 threads
+// up to 1024, set at launch (blockDim.x), so that a row's threads need not be a power of two.
+inline constexpr unsigned kAnyBlock = 0;
+
+template <unsigned GROUP>
+__device__ __forceinline__ unsigned group_threads() {
+  return GROUP == kAnyBlock ? blockDim.x : GROUP;
+}
+
 // The reduction of a GROUP-thread group (one warp, or the whole block), returned to every thread of it: a
 // group's rows call it once a row. Every warp folds the block's warp results in the same tree, so every
 // thread gets the bits one warp would. One barrier a call: the warp results of successive calls alternate
@@ -58,13 +67,13 @@ class GroupAllreduce {
   template <typename Op>
   __device__ __forceinline__ T operator()(T v, Op op) {
     v = warp_reduce(v, op);
-    if constexpr (GROUP > kWarpSize) {
-      constexpr unsigned kWarps = GROUP / kWarpSize;
-      __shared__ T warp_results[2][kWarps];
-      const unsigned lane = threadIdx.x % kWarpSize;
+    if constexpr (GROUP != kWarpSize) {
+      constexpr unsigned kMaxWarps = (GROUP == kAnyBlock ? 1024 : GROUP) / kWarpSize;
+      __shared__ T warp_results[2][kMaxWarps];
+      const unsigned lane = threadIdx.x % kWarpSize, warps = group_threads<GROUP>() / kWarpSize;
       if (lane == 0) warp_results[buffer_][threadIdx.x / kWarpSize] = v;
       __syncthreads();
-      v = warp_reduce(lane < kWarps ? warp_results[buffer_][lane] : Op::identity(), op);
+      v = warp_reduce(lane < warps ? warp_results[buffer_][lane] : Op::identity(), op);
       buffer_ ^= 1;
     }
     return shfl_broadcast(v, 0);
@@ -103,7 +112,7 @@ __device__ __forceinline__ void load_row(RowRegisters<scalar_t, ITEMS>& regs, co
   const auto* vrow = reinterpret_cast<const Vec16<scalar_t>*>(row);
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    const int64_t i = t + static_cast<int64_t>(k) * GROUP;
+    const int64_t i = t + static_cast<int64_t>(k) * group_threads<GROUP>();
     if (i < vectors) regs.v[k] = load_vector(vrow + i);
   }
 }

@@ -67,6 +67,15 @@ struct HopperTuning {
   // The smallest block per row: 128-thread blocks of 4 vectors ran faster than 64-thread blocks of 8
   // (bfloat16 16384x4096 on the H200, an earlier kernel: 251 vs 201 us).
   static constexpr unsigned kMinBackwardBlock = 128;
+  // The row kernel with its column sums in shared memory: 64 registers a thread, so twice the threads (and
+  // rows in progress) of the kernel that keeps them in registers. Vectors a thread: 2 (ptxas: 56-64 registers,
+  // no spills; 3 spilled 8-16 bytes in bfloat16, 4 spilled 52-104). Rows a block takes at least: 8, so that its
+  // partial row (8 bytes a column, written, then read by the fold) is at most a third of its rows' traffic (6
+  // bytes a column a row in bfloat16). H200: without it, bfloat16 4096x1024 took 18.5 us against the register
+  // kernel's 16.1.
+  static constexpr unsigned kSharedSumsThreads = 1024;
+  static constexpr int kSharedSumsItems = 2;
+  static constexpr int64_t kSharedSumsMinRows = 8;
   // Column fold: a tile of kFoldTile partial-row slots per block, kFoldLanes lanes striding over the chunks.
   static constexpr unsigned kFoldTile = 32, kFoldLanes = 32;
 
