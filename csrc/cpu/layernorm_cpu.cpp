@@ -13,17 +13,71 @@ namespace {
 
 constexpr int64_t kChunk = 1 << 15;  // elements per task when one long row is split over threads
 
-// Two passes over x[0, n): the mean, then the squared deviations from it.
+// Rows a task takes at least: about at::internal::GRAIN_SIZE elements, so that a small input (8 rows of 1024)
+// runs on the calling thread instead of waking the pool for microseconds of work.
+int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(cols, 1)); }
+
+// Independent double accumulators a sum over a row keeps: the adds overlap instead of each waiting on the one
+// before (a chain of 1024 dependent adds took most of a small LayerNorm's time), then fold in a fixed order.
+constexpr int64_t kLanes = 8;
+
+// sum of term(j) for j in [0, n), in kLanes accumulators (element j in lane j % kLanes) folded pairwise.
+template <typename Term>
+double lane_sum(int64_t n, Term term) {
+  double acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t k = 0; k < kLanes; ++k) acc[k] += term(j + k);
+  }
+  for (; j < n; ++j) acc[j % kLanes] += term(j);
+  for (int64_t width = kLanes / 2; width > 0; width /= 2) {
+    for (int64_t k = 0; k < width; ++k) acc[k] += acc[k + width];
+  }
+  return acc[0];
+}
+
+// The statistics of x[0, n). Elements of up to 32 bits: one pass over d = x - x0 (x0: the first element, 0 if
+// it is not finite), summing d and d^2 in double: a float's 24 bits squared fit double's 53, and the
+// cancellation in m2 = sum(d^2) - sum(d) * (mean - x0) costs at most n units of 2^-53 relative to m2 (x0 is an
+// element, so (mean - x0)^2 <= n var); a constant row gives exactly 0. float64: two passes, the mean, then the
+// squared deviations from it.
 template <typename scalar_t>
 Welford<double> run_stats(const scalar_t* x, int64_t n) {
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]);
-  const double mean = n > 0 ? sum / n : 0.0;
-  double m2 = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(x[i]) - mean;
-    m2 += d * d;
+  if constexpr (sizeof(scalar_t) <= 4) {
+    if (n == 0) return Welford<double>(0.0, 0.0, 0.0);
+    const double first = static_cast<double>(x[0]), x0 = std::isfinite(first) ? first : 0.0;
+    double s1[kLanes] = {}, s2[kLanes] = {};  // d and d^2, element j in lane j % kLanes
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+      for (int64_t k = 0; k < kLanes; ++k) {
+        const double d = static_cast<double>(x[j + k]) - x0;
+        s1[k] += d;
+        s2[k] += d * d;
+      }
+    }
+    for (; j < n; ++j) {
+      const double d = static_cast<double>(x[j]) - x0;
+      s1[j % kLanes] += d;
+      s2[j % kLanes] += d * d;
+    }
+    for (int64_t width = kLanes / 2; width > 0; width /= 2) {
+      for (int64_t k = 0; k < width; ++k) {
+        s1[k] += s1[k + width];
+        s2[k] += s2[k + width];
+      }
+    }
+    const double shift = s1[0] / n;  // mean - x0
+    // Rounding can leave m2 a hair below 0; a row holding an infinity gives inf - inf, NaN, which stays.
+    double m2 = s2[0] - s1[0] * shift;
+    if (m2 < 0) m2 = 0;
+    return Welford<double>(x0 + shift, m2, static_cast<double>(n));
   }
+  const double sum = lane_sum(n, [&](int64_t j) { return static_cast<double>(x[j]); });
+  const double mean = n > 0 ? sum / n : 0.0;
+  const double m2 = lane_sum(n, [&](int64_t j) {
+    const double d = static_cast<double>(x[j]) - mean;
+    return d * d;
+  });
   return Welford<double>(mean, m2, static_cast<double>(n));
 }
 
@@ -52,7 +106,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& input, at::Opt
     scalar_t* var = p.var.mutable_data_ptr<scalar_t>();
     scalar_t* mean = p.mean.mutable_data_ptr<scalar_t>();
     const bool one_row = rows == 1;
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows, row_grain(inner), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const Welford<double> w = row_stats(x + r * inner, inner, one_row);
         // An empty row: mean NaN (0/0) as torch gives.
@@ -76,9 +130,17 @@ at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
 // Squares summed in double, one pass (RMSNorm's statistic).
 template <typename scalar_t>
 double run_sum_squares(const scalar_t* x, int64_t n) {
-  double squares = 0;
-  for (int64_t i = 0; i < n; ++i) squares += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return squares;
+  return lane_sum(n, [&](int64_t j) { return static_cast<double>(x[j]) * static_cast<double>(x[j]); });
+}
+
+// f(std::bool_constant<p != nullptr>()) for each pointer p: loops specialized on which parameters are given,
+// without a branch per element.
+template <typename F>
+decltype(auto) with_given(const void* a, const void* b, F&& f) {
+  const auto second = [&](auto first) {
+    return b != nullptr ? f(first, std::true_type()) : f(first, std::false_type());
+  };
+  return a != nullptr ? second(std::true_type()) : second(std::false_type());
 }
 
 // The forward of either norm (csrc/layernorm.h, RowNorm) of input, or of input + residual (residual defined):
@@ -106,12 +168,13 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
     with_param_type<scalar_t>(s.param_type, [&](auto param) {
       using param_t = decltype(param);
       using stat_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      using acc_t = acc_type<scalar_t>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
       const param_t *wp = data_or_null<param_t>(w), *bp = data_or_null<param_t>(b);
       scalar_t* yp = out.mutable_data_ptr<scalar_t>();
       stat_t* mp = mean.defined() ? mean.mutable_data_ptr<stat_t>() : nullptr;
       stat_t* rp = rstd.mutable_data_ptr<stat_t>();
-      at::parallel_for(0, s.rows, 1, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, s.rows, row_grain(cols), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const scalar_t* row = xp + r * cols;
           double mu = 0, rs;
@@ -124,12 +187,18 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
             rs = 1.0 / std::sqrt(run_sum_squares(row, cols) / cols + eps);
           }
           rp[r] = static_cast<stat_t>(rs);
-          for (int64_t j = 0; j < cols; ++j) {
-            double y = (static_cast<double>(row[j]) - mu) * rs;
-            if (wp) y *= static_cast<double>(wp[j]);
-            if (bp) y += static_cast<double>(bp[j]);
-            yp[r * cols + j] = static_cast<scalar_t>(y);
-          }
+          // The output in the accumulate type from the statistics as stored, as the GPU computes it (float32
+          // vectors twice as wide as double's: half the time of a double loop at 8 x 1024).
+          const acc_t mean_a = static_cast<acc_t>(static_cast<stat_t>(mu)), rstd_a = static_cast<acc_t>(rp[r]);
+          scalar_t* y = yp + r * cols;
+          with_given(wp, bp, [&](auto has_weight, auto has_bias) {
+            for (int64_t j = 0; j < cols; ++j) {
+              acc_t v = (static_cast<acc_t>(row[j]) - mean_a) * rstd_a;
+              if constexpr (decltype(has_weight)::value) v *= static_cast<acc_t>(wp[j]);
+              if constexpr (decltype(has_bias)::value) v += static_cast<acc_t>(bp[j]);
+              y[j] = static_cast<scalar_t>(v);
+            }
+          });
         }
       });
     });
@@ -160,6 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
     with_param_type<scalar_t>(s.param_type, [&](auto param) {
       using param_t = decltype(param);
       using stat_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      using acc_t = acc_type<scalar_t>;
       const scalar_t* xp = x.const_data_ptr<scalar_t>();
       const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
       const param_t* wp = data_or_null<param_t>(w);
@@ -170,22 +240,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
       if (grad_input.numel() > 0) {
         scalar_t* dxp = grad_input.mutable_data_ptr<scalar_t>();
         // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (RMSNorm: no mean(g) term).
-        at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        at::parallel_for(0, rows, row_grain(cols), [&](int64_t begin, int64_t end) {
           for (int64_t r = begin; r < end; ++r) {
             const double mu = row_mean(r), rstd_r = rp[r];
-            double sum_g = 0, sum_gx = 0;
-            for (int64_t j = 0; j < cols; ++j) {
-              const double g = static_cast<double>(dyp[r * cols + j]) * (wp ? static_cast<double>(wp[j]) : 1.0);
-              sum_g += g;
-              sum_gx += g * (static_cast<double>(xp[r * cols + j]) - mu) * rstd_r;
-            }
-            const double mean_g = kLayer ? sum_g / cols : 0.0;
-            for (int64_t j = 0; j < cols; ++j) {
-              const double g = static_cast<double>(dyp[r * cols + j]) * (wp ? static_cast<double>(wp[j]) : 1.0);
-              const double xhat = (static_cast<double>(xp[r * cols + j]) - mu) * rstd_r;
-              const double extra = gsp ? static_cast<double>(gsp[r * cols + j]) : 0.0;
-              dxp[r * cols + j] = static_cast<scalar_t>(rstd_r * (g - mean_g - xhat * sum_gx / cols) + extra);
-            }
+            const scalar_t *x = xp + r * cols, *d = dyp + r * cols;
+            with_given(wp, gsp, [&](auto has_weight, auto has_grad_sum) {
+              constexpr bool kWeight = decltype(has_weight)::value, kGradSum = decltype(has_grad_sum)::value;
+              // sum(g) and sum(g * xhat) in double, element j in lane j % kLanes.
+              double sum_g[kLanes] = {}, sum_gx[kLanes] = {};
+              const auto add = [&](int64_t j, int64_t lane) {
+                const double dj = static_cast<double>(d[j]);
+                const double gj = kWeight ? dj * static_cast<double>(wp[j]) : dj;
+                sum_g[lane] += gj;
+                sum_gx[lane] += gj * ((static_cast<double>(x[j]) - mu) * rstd_r);
+              };
+              int64_t j = 0;
+              for (; j + kLanes <= cols; j += kLanes) {
+                for (int64_t k = 0; k < kLanes; ++k) add(j + k, k);
+              }
+              for (; j < cols; ++j) add(j, j % kLanes);
+              for (int64_t width = kLanes / 2; width > 0; width /= 2) {
+                for (int64_t k = 0; k < width; ++k) {
+                  sum_g[k] += sum_g[k + width];
+                  sum_gx[k] += sum_gx[k + width];
+                }
+              }
+              // dx in the accumulate type, as the forward's output.
+              const acc_t mean_g = kLayer ? static_cast<acc_t>(sum_g[0] / cols) : acc_t(0);
+              const acc_t mean_gx = static_cast<acc_t>(sum_gx[0] / cols);
+              const acc_t mean_a = static_cast<acc_t>(mu), rstd_a = static_cast<acc_t>(rstd_r);
+              scalar_t* dx = dxp + r * cols;
+              for (int64_t j = 0; j < cols; ++j) {
+                const acc_t dj = static_cast<acc_t>(d[j]);
+                const acc_t gj = kWeight ? dj * static_cast<acc_t>(wp[j]) : dj;
+                acc_t v = rstd_a * (gj - mean_g - (static_cast<acc_t>(x[j]) - mean_a) * rstd_a * mean_gx);
+                if constexpr (kGradSum) v += static_cast<acc_t>(gsp[r * cols + j]);
+                dx[j] = static_cast<scalar_t>(v);
+              }
+            });
           }
         });
       }
@@ -193,7 +285,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         param_t* dwp = grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<param_t>() : nullptr;
         param_t* dbp = grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<param_t>() : nullptr;
         // Column sums over the rows; each task owns a range of columns, so no two tasks share an output.
-        at::parallel_for(0, cols, 64, [&](int64_t begin, int64_t end) {
+        // Columns a task takes: 64 at least, and about GRAIN_SIZE elements of x and dy.
+        const int64_t column_grain = std::max<int64_t>(64, at::internal::GRAIN_SIZE / std::max<int64_t>(rows, 1));
+        at::parallel_for(0, cols, column_grain, [&](int64_t begin, int64_t end) {
           std::vector<double> dw(end - begin, 0.0), db(end - begin, 0.0);
           for (int64_t r = 0; r < rows; ++r) {
             const double mu = row_mean(r), rstd_r = rp[r];
