@@ -83,6 +83,23 @@ def test_stable_with_large_mean(shape, device):
         torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-4, atol=0)
 
 
+@pytest.mark.parametrize("shape", [(4, 1000), (3, 4099), (200_003,)])
+@pytest.mark.parametrize("first", ["near", "outlier"])
+def test_cpu_one_pass_keeps_float32_digits(shape, first):
+    """The CPU's one pass over 32-bit inputs sums d = x - x[0] and d^2 in double. Mean 1e3 and std 1e-2 (mean^2 /
+    var = 1e10): E[x^2] - E[x]^2 even in double would lose 2^-20 of the variance, more than float32 keeps; the
+    shift keeps it to the output's rounding, also when x[0] is an outlier (-1e3, then x0 is far from the mean but
+    (mean - x0)^2 <= n var). Long single rows take the chunked path."""
+    x = (1e3 + 1e-2 * torch.randn(shape, dtype=torch.float64)).float()
+    if first == "outlier":
+        x[..., 0] = -1e3
+    for dim in (-1, None):
+        var, mean = torch_reduce.var_mean(x, dim, correction=0)
+        ref_var, ref_mean = torch.var_mean(x.double(), dim, correction=0)
+        torch.testing.assert_close(var.double(), ref_var, rtol=2**-22, atol=0)
+        torch.testing.assert_close(mean.double(), ref_mean, rtol=2**-22, atol=0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_edges(device):
     check(torch.randn(5, 0, device=device), -1)  # empty rows: NaN
