@@ -1,7 +1,7 @@
 #pragma once
-// CPU models of the GPU kernels: the same trees and the same order of operations, run one simulated
-// thread at a time, so that a float32 result is bit for bit what the GPU computes. Read next to
-// csrc/cuda/block_reduce.cuh and full_reduce.cuh.
+// CPU models of the GPU kernels: the same trees and the same order of operations for every simulated thread,
+// so that a float32 result is bit for bit what the GPU computes. Read next to csrc/cuda/block_reduce.cuh and
+// full_reduce.cuh.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -70,30 +70,62 @@ acc_t fold_vector(const scalar_t* v, Op op) {
   return x[0];
 }
 
+// The results of block b's threads in one launch of device_reduce_kernel (thread_reduce in full_reduce.cuh)
+// of `grid` blocks, into values[0, block). Thread T of the grid's G loads vectors T, T + G, ...: kUnroll at a
+// time into accumulators 0 .. kUnroll - 1 while a whole round of kUnroll * G vectors fits, the rest into
+// accumulator 0, then its head and tail elements into 1 and 2. The loops walk the block's vectors of a round in
+// memory order (one contiguous run per accumulator); each thread's accumulators still take its vectors in the
+// GPU's order, so the results are the GPU's bits: only the interleaving across threads, which no result depends
+// on, differs from running one simulated thread after another.
 template <typename acc_t, typename scalar_t, typename Op>
-acc_t thread_reduce(const scalar_t* in, int64_t n, int64_t thread, int64_t threads, Op op) {
+void block_thread_results(const scalar_t* in, int64_t n, int64_t b, int64_t block, int64_t grid, Op op,
+                          std::vector<acc_t>& acc, std::vector<acc_t>& values) {
   constexpr int64_t kSize = 16 / sizeof(scalar_t);
   const int64_t misaligned = static_cast<int64_t>((reinterpret_cast<uintptr_t>(in) % 16) / sizeof(scalar_t));
   const int64_t head = misaligned == 0 ? 0 : std::min(kSize - misaligned, n);
   const int64_t vectors = (n - head) / kSize, tail = n - head - vectors * kSize;
   const scalar_t* body = in + head;
-  acc_t acc[kUnroll];
-  for (auto& a : acc) a = Op::identity();
-  int64_t i = thread;
-  for (; i + (kUnroll - 1) * threads < vectors; i += kUnroll * threads)
-    for (int64_t k = 0; k < kUnroll; ++k) acc[k] = op(acc[k], fold_vector<acc_t>(body + (i + k * threads) * kSize, op));
-  for (; i < vectors; i += threads) acc[0] = op(acc[0], fold_vector<acc_t>(body + i * kSize, op));
-  for (int64_t j = thread; j < head; j += threads) acc[1] = op(acc[1], static_cast<acc_t>(in[j]));
-  for (int64_t j = thread; j < tail; j += threads) acc[2] = op(acc[2], static_cast<acc_t>(body[vectors * kSize + j]));
-  return op(op(acc[0], acc[1]), op(acc[2], acc[3]));
+  const int64_t threads = grid * block, first = b * block;  // the block's threads: first .. first + block - 1
+  acc.assign(kUnroll * block, Op::identity());  // [accumulator][thread of the block]
+  const auto add = [&](int64_t t, int64_t k, acc_t v) {
+    acc_t& a = acc[k * block + t];
+    a = op(a, v);
+  };
+  const int64_t round = kUnroll * threads;
+  int64_t base = 0;
+  for (; base + round <= vectors; base += round) {
+    for (int64_t k = 0; k < kUnroll; ++k) {
+      const scalar_t* v = body + (base + k * threads + first) * kSize;
+      acc_t* a = acc.data() + k * block;
+      for (int64_t t = 0; t < block; ++t) a[t] = op(a[t], fold_vector<acc_t>(v + t * kSize, op));
+    }
+  }
+  // The last, partial round: threads whose kUnroll vectors all exist take them; the others fall through to the
+  // one-vector loop, from vector base + T on, into accumulator 0.
+  const int64_t unrolled = vectors - base - (kUnroll - 1) * threads;  // threads below this take a whole round
+  for (int64_t i = base + first; i < vectors; i += threads) {
+    for (int64_t t = 0; t < block && i + t < vectors; ++t) {
+      const int64_t k = (i - base) / threads;
+      add(t, first + t < unrolled ? k : 0, fold_vector<acc_t>(body + (i + t) * kSize, op));
+    }
+  }
+  for (int64_t j = 0; j < head; ++j) {
+    if (j % threads / block == b) add(j % threads - first, 1, static_cast<acc_t>(in[j]));
+  }
+  for (int64_t j = 0; j < tail; ++j) {
+    if (j % threads / block == b) add(j % threads - first, 2, static_cast<acc_t>(body[vectors * kSize + j]));
+  }
+  for (int64_t t = 0; t < block; ++t) {
+    values[t] = op(op(acc[t], acc[block + t]), op(acc[2 * block + t], acc[3 * block + t]));
+  }
 }
 
 // One launch of device_reduce_kernel: the per-block results.
 template <typename acc_t, typename scalar_t, typename Op>
 std::vector<acc_t> device_reduce_blocks(const scalar_t* in, int64_t n, int64_t block, int64_t grid, Op op) {
-  std::vector<acc_t> partials(grid), values(block);
+  std::vector<acc_t> partials(grid), values(block), acc;
   for (int64_t b = 0; b < grid; ++b) {
-    for (int64_t tid = 0; tid < block; ++tid) values[tid] = thread_reduce<acc_t>(in, n, b * block + tid, grid * block, op);
+    block_thread_results<acc_t>(in, n, b, block, grid, op, acc, values);
     partials[b] = block_reduce(values, op);
   }
   return partials;
