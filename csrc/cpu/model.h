@@ -80,6 +80,7 @@ acc_t fold_vector(const scalar_t* v, Op op) {
 template <typename acc_t, typename scalar_t, typename Op>
 void block_thread_results(const scalar_t* in, int64_t n, int64_t b, int64_t block, int64_t grid, Op op,
                           std::vector<acc_t>& acc, std::vector<acc_t>& values) {
+  static_assert(kUnroll == 4, "a thread's result folds its four accumulators as full_reduce.cuh does");
   constexpr int64_t kSize = 16 / sizeof(scalar_t);
   const int64_t misaligned = static_cast<int64_t>((reinterpret_cast<uintptr_t>(in) % 16) / sizeof(scalar_t));
   const int64_t head = misaligned == 0 ? 0 : std::min(kSize - misaligned, n);
