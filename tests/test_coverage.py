@@ -86,6 +86,27 @@ def test_signed_zeros_short(device):
     assert torch_reduce.amax(torch.tensor([-0.0, float("nan"), 0.0], device=device)).isnan()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_order_free_whole_reductions(device):
+    """max, min and integer sums and products of a whole tensor, which the CPU folds in lanes over parallel chunks
+    of 2^16 (any order gives the same bits): torch's values, with a NaN in each chunk and at either end."""
+    n = 3 * 2**16 + 5
+    x = torch.randn(n, device=device, dtype=torch.float64)
+    assert torch_reduce.amax(x) == x.max() and torch_reduce.amin(x) == x.min()
+    assert torch_reduce.vector_norm(x, float("inf")) == x.abs().max()
+    for where in (0, 2**16 - 1, 2**16, 2 * 2**16 + 3, n - 1):
+        y = x.clone()
+        y[where] = float("nan")
+        assert torch_reduce.amax(y).isnan() and torch_reduce.amin(y).isnan(), where
+        assert torch_reduce.vector_norm(y, float("-inf")).isnan(), where
+    i = torch.randint(-2**40, 2**40, (n,), device=device)
+    assert torch.equal(torch_reduce.sum(i), torch.sum(i))
+    odd = torch.tensor([-1, 1, 3], device=device)[torch.randint(0, 3, (n,), device=device)]  # the product wraps
+    assert torch.equal(torch_reduce.prod(odd), torch.prod(odd))
+    u = torch.randint(0, 2**63 - 1, (n,), device=device).to(torch.uint64)
+    assert torch_reduce.amax(u).item() == max(u.tolist()) and torch_reduce.amin(u).item() == min(u.tolist())
+
+
 @requires_cuda
 @pytest.mark.parametrize("name", ["amax", "amin"])
 def test_signed_zeros_cpu_cuda_bitwise(name):

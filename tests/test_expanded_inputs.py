@@ -106,9 +106,19 @@ def compare(name, x, got, want, dim, keepdim, kwargs):
     if part is not None:  # var: its rounding scales with the squares
         exact, scale = exact[part], (scale[part] if part == 1 else source.double().square().amax() if source.numel() else torch.zeros(()))
     rtol = 1e-12 if got.dtype == torch.float64 else 1e-5
-    bound = rtol * scale.abs() + torch.finfo(got.dtype).eps * exact.abs() + (want.double() - exact).abs()
+    # + tiny: below the normal range a result has no relative precision left, and the order of the roundings
+    # decides it (a prod of 1632 repeats, its slice's product raised to the repeats' power: 0 where a serial product
+    # ended on 5e-324; the exact value is closer to 0).
+    bound = (rtol * scale.abs() + torch.finfo(got.dtype).eps * exact.abs() + (want.double() - exact).abs()
+             + torch.finfo(got.dtype).tiny)
     g = got.double()
     ok = ((g - exact).abs() <= bound) | (g == exact) | (g.isnan() & exact.isnan())
+    if name == "prod":
+        # Where the float64 reference's or torch's partial products left the range (0, inf, or NaN from 0 * inf:
+        # drawn inputs repeat a few values thousands of times), the order decides which of those comes out.
+        w = want.double()
+        ranged = ~exact.isfinite() | (exact == 0) | ~w.isfinite() | (w == 0)
+        ok |= ranged & (g.isnan() | g.isinf() | (g == 0))
     assert bool(ok.all()), (name, x.dtype, x.shape, x.stride(), dim, kwargs, (g - exact).abs().max(), bound.max())
 
 

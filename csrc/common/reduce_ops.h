@@ -138,6 +138,16 @@ struct MinOp {
   TR_HOST_DEVICE T operator()(T a, T b) const { return (a != a || below(a, b)) ? a : b; }
 };
 
+// Whether a fold's result is the same bits in every order: max and min (they return one of the values, in a total
+// order; NaN payloads aside) and integer sums and products (wrapping arithmetic is associative and commutative).
+// The CPU backend folds these in whatever order vectorizes; a float sum follows the GPU's order (cpu/model.h).
+template <typename Ops>
+struct OrderFree {
+  using T = decltype(Ops::identity());
+  static constexpr bool value = std::is_base_of_v<MaxOp<T>, Ops> || std::is_base_of_v<MinOp<T>, Ops> ||
+                                (std::is_integral_v<T> && (std::is_same_v<Ops, SumOp<T>> || std::is_same_v<Ops, ProdOp<T>>));
+};
+
 // "No final map", as the ladder passes it to launch_device_reduce beside its combine operator.
 struct KeepValue {
   template <typename T>

@@ -1,12 +1,14 @@
 // The dim reductions (dim_reduce.h's table) on the CPU: the reference path. Plain loops over the normal form
 // in the accumulate type, outputs in parallel; a whole-tensor reduction uses the CPU model of the GPU's
-// single-pass kernel (cpu/model.h), whose tree keeps the rounding error at O(log n).
+// single-pass kernel (cpu/model.h), whose tree keeps the rounding error at O(log n), unless its order does not
+// matter.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <vector>
 
 #include "common/dispatch.h"
+#include "cpu/lanes.h"
 #include "cpu/model.h"
 #include "dim_reduce.h"
 #include "ladder.h"
@@ -16,13 +18,28 @@ namespace {
 
 constexpr int64_t kModelBlock = 256;
 
-// The whole tensor through the model's tree. The model loads elements without a transform, so an ops
-// object that has one (a norm) is applied to every element first and the model folds those values.
+// Elements a task folds at least when one fold is split over threads.
+constexpr int64_t kChunk = 1 << 16;
+
+// The whole tensor: an order-free fold (reduce_ops.h: OrderFree) in lanes, in parallel chunks; any other through
+// the model's tree (the GPU's bits, a float sum's rounding error at O(log n)). The model loads elements without
+// a transform, so an ops object that has one (a norm) is applied to every element first and the model folds
+// those values.
 template <typename acc_t, typename scalar_t, typename Ops>
 acc_t reduce_whole(const scalar_t* in, int64_t n, const Ops& ops) {
-  if constexpr (HasTransform<Ops>::value) {
+  if constexpr (OrderFree<Ops>::value) {
+    std::vector<acc_t> parts((n + kChunk - 1) / kChunk);
+    at::parallel_for(0, static_cast<int64_t>(parts.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const scalar_t* chunk = in + c * kChunk;
+        parts[c] = lane_fold<acc_t>(std::min(kChunk, n - c * kChunk), ops,
+                                    [&](int64_t j) { return load_element<acc_t>(ops, chunk[j]); });
+      }
+    });
+    return lane_fold<acc_t>(static_cast<int64_t>(parts.size()), ops, [&](int64_t c) { return parts[c]; });
+  } else if constexpr (HasTransform<Ops>::value) {
     std::vector<acc_t> loaded(n);
-    at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, n, kChunk, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) loaded[i] = load_element<acc_t>(ops, in[i]);
     });
     return device_reduce<acc_t>(loaded.data(), n, kModelBlock, kModelGpu, true, partials_ops(ops));
@@ -44,8 +61,18 @@ void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor
         *result = static_cast<out_t>(project_result(ops, reduce_whole<acc_t>(in, K, ops)));
         return;
       }
-      // One (b) slab at a time: the N running values of a slab walk its K rows in order.
+      // One (b) slab at a time: a row (N = 1) in lanes, but for a product (the order decides where its partial
+      // products over- or underflow, and the serial one is the reference's); else the N running values of a slab
+      // walk its K rows in order, vectorized across n.
       at::parallel_for(0, p.outer, 1, [&](int64_t begin, int64_t end) {
+        if (N == 1 && !std::is_same_v<Ops, ProdOp<acc_t>>) {
+          for (int64_t b = begin; b < end; ++b) {
+            const scalar_t* row = in + b * K;
+            result[b] = static_cast<out_t>(project_result(
+                ops, lane_fold<acc_t>(K, ops, [&](int64_t j) { return load_element<acc_t>(ops, row[j]); })));
+          }
+          return;
+        }
         std::vector<acc_t> acc(N);
         for (int64_t b = begin; b < end; ++b) {
           std::fill(acc.begin(), acc.end(), Ops::identity());

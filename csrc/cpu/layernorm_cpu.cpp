@@ -5,6 +5,7 @@
 
 #include "common/dispatch.h"
 #include "common/reduce_ops.h"
+#include "cpu/lanes.h"
 #include "layernorm.h"
 #include "norm_ops.h"
 
@@ -17,23 +18,10 @@ constexpr int64_t kChunk = 1 << 15;  // elements per task when one long row is s
 // runs on the calling thread instead of waking the pool for microseconds of work.
 int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(cols, 1)); }
 
-// Independent double accumulators a sum over a row keeps: the adds overlap instead of each waiting on the one
-// before (a chain of 1024 dependent adds took most of a small LayerNorm's time), then fold in a fixed order.
-constexpr int64_t kLanes = 8;
-
-// sum of term(j) for j in [0, n), in kLanes accumulators (element j in lane j % kLanes) folded pairwise.
+// A row's sums in lanes (cpu/lanes.h): a chain of 1024 dependent adds took most of a small LayerNorm's time.
 template <typename Term>
 double lane_sum(int64_t n, Term term) {
-  double acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int64_t k = 0; k < kLanes; ++k) acc[k] += term(j + k);
-  }
-  for (; j < n; ++j) acc[j % kLanes] += term(j);
-  for (int64_t width = kLanes / 2; width > 0; width /= 2) {
-    for (int64_t k = 0; k < width; ++k) acc[k] += acc[k + width];
-  }
-  return acc[0];
+  return lane_fold<double>(n, SumOp<double>(), term);
 }
 
 // The statistics of x[0, n). Elements of up to 32 bits: one pass over d = x - x0 (x0: the first element, 0 if
