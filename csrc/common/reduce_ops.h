@@ -144,8 +144,9 @@ struct MinOp {
 template <typename Ops>
 struct OrderFree {
   using T = decltype(Ops::identity());
-  static constexpr bool value = std::is_base_of_v<MaxOp<T>, Ops> || std::is_base_of_v<MinOp<T>, Ops> ||
-                                (std::is_integral_v<T> && (std::is_same_v<Ops, SumOp<T>> || std::is_same_v<Ops, ProdOp<T>>));
+  static constexpr bool value =
+      std::is_base_of_v<MaxOp<T>, Ops> || std::is_base_of_v<MinOp<T>, Ops> ||
+      (std::is_integral_v<T> && (std::is_same_v<Ops, SumOp<T>> || std::is_same_v<Ops, ProdOp<T>>));
 };
 
 // "No final map", as the ladder passes it to launch_device_reduce beside its combine operator.

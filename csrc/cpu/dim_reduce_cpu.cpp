@@ -21,6 +21,12 @@ constexpr int64_t kModelBlock = 256;
 // Elements a task folds at least when one fold is split over threads.
 constexpr int64_t kChunk = 1 << 16;
 
+// x[0, n), loaded, in lanes.
+template <typename acc_t, typename scalar_t, typename Ops>
+acc_t fold_run(const scalar_t* x, int64_t n, const Ops& ops) {
+  return lane_fold<acc_t>(n, ops, [&](int64_t j) { return load_element<acc_t>(ops, x[j]); });
+}
+
 // The whole tensor: an order-free fold (reduce_ops.h: OrderFree) in lanes, in parallel chunks; any other through
 // the model's tree (the GPU's bits, a float sum's rounding error at O(log n)). The model loads elements without
 // a transform, so an ops object that has one (a norm) is applied to every element first and the model folds
@@ -31,9 +37,7 @@ acc_t reduce_whole(const scalar_t* in, int64_t n, const Ops& ops) {
     std::vector<acc_t> parts((n + kChunk - 1) / kChunk);
     at::parallel_for(0, static_cast<int64_t>(parts.size()), 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        const scalar_t* chunk = in + c * kChunk;
-        parts[c] = lane_fold<acc_t>(std::min(kChunk, n - c * kChunk), ops,
-                                    [&](int64_t j) { return load_element<acc_t>(ops, chunk[j]); });
+        parts[c] = fold_run<acc_t>(in + c * kChunk, std::min(kChunk, n - c * kChunk), ops);
       }
     });
     return lane_fold<acc_t>(static_cast<int64_t>(parts.size()), ops, [&](int64_t c) { return parts[c]; });
@@ -67,9 +71,7 @@ void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor
       at::parallel_for(0, p.outer, 1, [&](int64_t begin, int64_t end) {
         if (N == 1 && !std::is_same_v<Ops, ProdOp<acc_t>>) {
           for (int64_t b = begin; b < end; ++b) {
-            const scalar_t* row = in + b * K;
-            result[b] = static_cast<out_t>(project_result(
-                ops, lane_fold<acc_t>(K, ops, [&](int64_t j) { return load_element<acc_t>(ops, row[j]); })));
+            result[b] = static_cast<out_t>(project_result(ops, fold_run<acc_t>(in + b * K, K, ops)));
           }
           return;
         }

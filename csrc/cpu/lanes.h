@@ -1,7 +1,8 @@
 #pragma once
 // A fold in kLanes independent accumulators: element j goes into lane j % kLanes and the lanes are folded
-// pairwise at the end. The compiler vectorizes the lanes, where a single running value waits on every combine
-// (a float add's latency an element), and a float sum's error grows with n / kLanes + log2(kLanes), not n.
+// pairwise at the end. The lanes' combines overlap (a sum's vectorize), where a single running value waits on
+// every combine (a float add's latency an element), and a float sum's error grows with n / kLanes + log2(kLanes),
+// not n.
 #include <cstdint>
 
 namespace torch_reduce::cpu {
