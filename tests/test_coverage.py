@@ -103,7 +103,7 @@ def test_order_free_whole_reductions(device):
     assert torch.equal(torch_reduce.sum(i), torch.sum(i))
     odd = torch.tensor([-1, 1, 3], device=device)[torch.randint(0, 3, (n,), device=device)]  # the product wraps
     assert torch.equal(torch_reduce.prod(odd), torch.prod(odd))
-    u = torch.randint(0, 2**63 - 1, (n,), device=device).to(torch.uint64)
+    u = torch.randint(0, 2**63 - 1, (n,)).to(torch.uint64).to(device)
     assert torch_reduce.amax(u).item() == max(u.tolist()) and torch_reduce.amin(u).item() == min(u.tolist())
 
 
