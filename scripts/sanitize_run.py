@@ -48,8 +48,9 @@ for hidden, dtype, param_dtype in [(768, torch.float32, None), (1001, torch.floa
     torch_reduce.rms_norm(z, (hidden,), w).sum().backward()
     torch_reduce.var_mean(z.detach(), -1)
 # The backward with its column sums in shared memory: rows enough that it is chosen (blocks of 160 threads for
-# 2560, warp rows for 64), a fused add's grad_sum included.
-for rows, hidden in [(4500, 2560), (20000, 64)]:
+# 2560, two rows at a time for 1024 with the last pair one row short, warp rows for 64), a fused add's grad_sum
+# included.
+for rows, hidden in [(4500, 2560), (8193, 1024), (20000, 64)]:
     z, r = (torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     w, b = (torch.randn(hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()

@@ -12,7 +12,9 @@
 //   Registers: two accumulators an element in registers, from the first row to the last, at 512 threads per SM
 //              (Tuning::kBackwardThreads);
 //   Shared:    in the group's slab of shared memory (16-byte runs, column_run), at 1024 threads per SM
-//              (Tuning::kSharedSumsThreads) of a group just as large as the row needs (any multiple of 32).
+//              (Tuning::kSharedSumsThreads) of a group just as large as the row needs (any multiple of 32);
+//              short rows two at a time (ROWS), one barrier and one column-sum update for both
+//              (Tuning::kRowPairsMaxBlock: float32 16384x1024 1.19-1.25x, bfloat16 65536x1024 1.03-1.06x).
 // What bounds this kernel is how many rows an SM has in progress: each row's loads wait on its reduction's
 // barrier, so an SM keeps about (rows in progress) x (row bytes) in flight, and a 16-bit row keeps half a float32
 // one's. With the sums in registers a bfloat16 thread's 2 x 8 accumulators a vector fill the 128 registers,
@@ -127,9 +129,42 @@ __device__ __forceinline__ void fold_groups(const acc_t* columns, int64_t slots,
   }
 }
 
+// The reductions of ROWS rows at once: each row's sum(g) (LayerNorm) and sum(g * xhat).
+template <typename acc_t, int ROWS>
+struct RowSums {
+  SumPair<acc_t> row[ROWS];
+  template <typename Shuffle>
+  __device__ __forceinline__ static RowSums shuffled(const RowSums& v, Shuffle shuffle) {
+    RowSums out;
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) out.row[q] = SumPair<acc_t>::shuffled(v.row[q], shuffle);
+    return out;
+  }
+};
+
+template <typename acc_t, int ROWS>
+struct RowSumsOp {
+  __device__ __forceinline__ static RowSums<acc_t, ROWS> identity() {
+    RowSums<acc_t, ROWS> out;
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) out.row[q] = SumPairOp<acc_t>::identity();
+    return out;
+  }
+  __device__ __forceinline__ RowSums<acc_t, ROWS> operator()(const RowSums<acc_t, ROWS>& a,
+                                                             const RowSums<acc_t, ROWS>& b) const {
+    RowSums<acc_t, ROWS> out;
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) out.row[q] = SumPairOp<acc_t>()(a.row[q], b.row[q]);
+    return out;
+  }
+};
+
 // kGradSum: grad_sum is given (a fused add + norm's backward). A template flag, so the ordinary kernels keep
 // their registers: the load and add spilled the wide-row kernels of 512 threads (ptxas: 88 bytes).
-template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, RowSource kSource,
+// ROWS: rows a group takes at once (consecutive ones; the grid's last group may have fewer): their loads are in
+// flight together, one barrier reduces them all, and their column-sum terms are added to each other before
+// they are added to the shared-memory sums.
+template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, int ROWS, RowSource kSource,
           ColumnSums kSums, bool kGradSum, typename scalar_t, typename param_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
                                   (kSums == ColumnSums::Shared ? Tuning::kSharedSumsThreads : Tuning::kBackwardThreads) /
@@ -143,6 +178,8 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
   constexpr int kSize = V::kSize;
   constexpr unsigned kGroups = GROUP == BLOCK ? 1 : BLOCK / GROUP;
   constexpr bool kLayer = kNorm == RowNorm::Layer;
+  static_assert(ROWS == 1 || (kSource == RowSource::Held && kSums == ColumnSums::Shared),
+                "several rows at once: held rows, column sums in shared memory");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   const unsigned group_size = group_threads<GROUP>();
   unsigned group = 0, t = threadIdx.x;
@@ -151,7 +188,7 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
     t = threadIdx.x % GROUP;
   }
   const int64_t vectors = cols / kSize, slots = param_sums(kNorm) * cols;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups * ROWS;
   const acc_t inv_cols = acc_t(1) / static_cast<acc_t>(cols);
   constexpr bool kHeld = kSource == RowSource::Held, kInShared = kSums == ColumnSums::Shared;
   constexpr int kRun = Vec16<acc_t>::kSize, kRuns = kSize / kRun;
@@ -164,11 +201,11 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
     }
     __syncthreads();
   }
-  // Vector k (column vector i) of tensor j (0: x, 1: dy) of the current row; again: the second pass.
-  RowRegisters<scalar_t, kHeld ? ITEMS : 1> xr, dyr;
-  const auto row_vector = [&](int j, int64_t row, int k, int64_t i, bool again) {
+  // Vector k (column vector i) of tensor j (0: x, 1: dy) of row q of the current ones; again: the second pass.
+  RowRegisters<scalar_t, kHeld ? ITEMS : 1> xr[ROWS], dyr[ROWS];
+  const auto row_vector = [&](int j, int q, int64_t row, int k, int64_t i, bool again) {
     if constexpr (kHeld) {
-      return j == 0 ? xr.v[k] : dyr.v[k];
+      return j == 0 ? xr[q].v[k] : dyr[q].v[k];
     } else {
       const auto* p = reinterpret_cast<const V*>((j == 0 ? in : grad_out) + row * cols) + i;
       return again ? load_vector_again(p) : load_vector(p);
@@ -182,16 +219,27 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
 #pragma unroll
     for (int e = 0; e < kSize; ++e) dw[k][e] = db[k][e] = 0;
   }
-  GroupAllreduce<GROUP, BLOCK, SumPair<acc_t>> allreduce;
+  GroupAllreduce<GROUP, BLOCK, RowSums<acc_t, ROWS>> allreduce;
   // The group's rows; whole groups iterate together, so every thread reaches the group's reductions.
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kGroups + group; row < rows; row += step) {
-    if constexpr (kHeld) {
-      load_row<GROUP>(xr, in + row * cols, vectors, t);
-      load_row<GROUP>(dyr, grad_out + row * cols, vectors, t);
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kGroups + group) * ROWS; first < rows; first += step) {
+    // Row q of these is present where first + q < rows; an absent one is zeros (no terms) and is not stored.
+    const auto present = [&](int q) { return q == 0 || first + q < rows; };
+    acc_t mu[ROWS], rs[ROWS];
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) {
+      if constexpr (kHeld) {
+        if (present(q)) {
+          load_row<GROUP>(xr[q], in + (first + q) * cols, vectors, t);
+          load_row<GROUP>(dyr[q], grad_out + (first + q) * cols, vectors, t);
+        } else {
+          xr[q] = dyr[q] = {};
+        }
+      }
+      mu[q] = kLayer && present(q) ? mean[first + q] : acc_t(0);
+      rs[q] = present(q) ? rstd[first + q] : acc_t(0);
     }
-    const acc_t mu = kLayer ? mean[row] : acc_t(0), rs = rstd[row];
-    // f(k, i, x, dy, weight) on each of the thread's vectors of the row (weight 1 without one).
-    const auto visit_row = [&](bool again, auto f) {
+    // f(k, i, weight) on each of the thread's vectors of the rows (weight 1 without one).
+    const auto visit_rows = [&](auto f) {
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t i = t + static_cast<int64_t>(k) * group_size;
@@ -203,29 +251,43 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
 #pragma unroll
           for (int e = 0; e < kSize; ++e) wv[e] = 1;
         }
-        f(k, i, row_vector(0, row, k, i, again), row_vector(1, row, k, i, again), wv);
+        f(k, i, wv);
       }
     };
-    SumPair<acc_t> sums = SumPairOp<acc_t>::identity();  // sum(g) (LayerNorm), sum(g * xhat)
-    visit_row(false, [&](int, int64_t, const V& xv, const V& dv, const acc_t(&wv)[kSize]) {
+    RowSums<acc_t, ROWS> sums = RowSumsOp<acc_t, ROWS>::identity();
+    visit_rows([&](int k, int64_t i, const acc_t(&wv)[kSize]) {
 #pragma unroll
-      for (int e = 0; e < kSize; ++e) {
-        const acc_t d = static_cast<acc_t>(dv.value[e]);
-        const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
-        if (kLayer) sums.first += g;
-        sums.second += g * ((static_cast<acc_t>(xv.value[e]) - mu) * rs);
+      for (int q = 0; q < ROWS; ++q) {
+        const V xv = row_vector(0, q, first + q, k, i, false), dv = row_vector(1, q, first + q, k, i, false);
+#pragma unroll
+        for (int e = 0; e < kSize; ++e) {
+          const acc_t d = static_cast<acc_t>(dv.value[e]);
+          const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
+          if (kLayer) sums.row[q].first += g;
+          sums.row[q].second += g * ((static_cast<acc_t>(xv.value[e]) - mu[q]) * rs[q]);
+        }
       }
     });
-    sums = allreduce(sums, SumPairOp<acc_t>());
-    if constexpr (kHeld) {
-      repack(xr);
-      repack(dyr);
+    sums = allreduce(sums, RowSumsOp<acc_t, ROWS>());
+    acc_t mean_g[ROWS], mean_gx[ROWS];
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) {
+      if constexpr (kHeld) {
+        repack(xr[q]);
+        repack(dyr[q]);
+      }
+      mean_g[q] = kLayer ? sums.row[q].first * inv_cols : acc_t(0);
+      mean_gx[q] = sums.row[q].second * inv_cols;
     }
-    const acc_t mean_g = kLayer ? sums.first * inv_cols : acc_t(0), mean_gx = sums.second * inv_cols;
-    visit_row(true, [&](int k, int64_t i, const V& xv, const V& dv, const acc_t(&wv)[kSize]) {
-      V o, gs = {};
-      if (kGradSum && grad_in != nullptr) {
-        gs = load_vector(reinterpret_cast<const V*>(grad_sum + row * cols) + i);
+    visit_rows([&](int k, int64_t i, const acc_t(&wv)[kSize]) {
+      V xv[ROWS], dv[ROWS], o[ROWS], gs[ROWS] = {};
+#pragma unroll
+      for (int q = 0; q < ROWS; ++q) {
+        xv[q] = row_vector(0, q, first + q, k, i, true);
+        dv[q] = row_vector(1, q, first + q, k, i, true);
+        if (kGradSum && grad_in != nullptr && present(q)) {
+          gs[q] = load_vector(reinterpret_cast<const V*>(grad_sum + (first + q) * cols) + i);
+        }
       }
       // One 16-byte run of column sums at a time, so that the shared-memory variant keeps one run's terms live.
 #pragma unroll
@@ -234,23 +296,31 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
 #pragma unroll
         for (int j = 0; j < kRun; ++j) {
           const int e = r * kRun + j;
-          const acc_t d = static_cast<acc_t>(dv.value[e]), xhat = (static_cast<acc_t>(xv.value[e]) - mu) * rs;
-          const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
-          if constexpr (kInShared) {
-            weight_terms[j] = d * xhat;
-            bias_terms[j] = d;
-          } else {
-            dw[k][e] += d * xhat;
-            if (kLayer) db[k][e] += d;
+#pragma unroll
+          for (int q = 0; q < ROWS; ++q) {
+            const acc_t d = static_cast<acc_t>(dv[q].value[e]);
+            const acc_t xhat = (static_cast<acc_t>(xv[q].value[e]) - mu[q]) * rs[q];
+            const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
+            if constexpr (kInShared) {
+              weight_terms[j] = q == 0 ? d * xhat : weight_terms[j] + d * xhat;
+              bias_terms[j] = q == 0 ? d : bias_terms[j] + d;
+            } else {
+              dw[k][e] += d * xhat;
+              if (kLayer) db[k][e] += d;
+            }
+            o[q].value[e] = static_cast<scalar_t>(rs[q] * (g - mean_g[q] - xhat * mean_gx[q]) +
+                                                  static_cast<acc_t>(gs[q].value[e]));
           }
-          o.value[e] = static_cast<scalar_t>(rs * (g - mean_g - xhat * mean_gx) + static_cast<acc_t>(gs.value[e]));
         }
         if constexpr (kInShared) {
           add_run(column_run(columns, vectors, i, r), weight_terms);
           if (kLayer) add_run(column_run(columns + cols, vectors, i, r), bias_terms);
         }
       }
-      if (grad_in != nullptr) store_vector(reinterpret_cast<V*>(grad_in + row * cols) + i, o);
+#pragma unroll
+      for (int q = 0; q < ROWS; ++q) {
+        if (grad_in != nullptr && present(q)) store_vector(reinterpret_cast<V*>(grad_in + (first + q) * cols) + i, o[q]);
+      }
     });
   }
   if (partials == nullptr) return;
@@ -421,14 +491,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
           std::function<void()> launch;
         };
         // threads: the block's (BLOCK, or the run-time size of a kAnyBlock block).
-        const auto plan_rows = [&](auto group, auto block, auto items, auto source, auto sums, unsigned threads,
-                                   int64_t row_grid, int64_t max_grid) {
+        const auto plan_rows = [&](auto group, auto block, auto items, auto rows_at_once, auto source, auto sums,
+                                   unsigned threads, int64_t row_grid, int64_t max_grid) {
           return with_grad_sum([&](auto grad_sum_given) {
             constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
             constexpr ColumnSums kSums = decltype(sums)::value;
+            constexpr int kRowsAtOnce = decltype(rows_at_once)::value;
             const auto kernel =
-                row_norm_bwd_rows_kernel<Tuning, kNorm, kGroup, kBlock, decltype(items)::value, decltype(source)::value,
-                                         kSums, decltype(grad_sum_given)::value, scalar_t, param_t, acc_t>;
+                row_norm_bwd_rows_kernel<Tuning, kNorm, kGroup, kBlock, decltype(items)::value, kRowsAtOnce,
+                                         decltype(source)::value, kSums, decltype(grad_sum_given)::value, scalar_t,
+                                         param_t, acc_t>;
             // The groups' column sums in shared memory: all along (ColumnSums::Shared), or where several groups
             // (warp rows) meet at the end.
             constexpr int64_t kGroups = kGroup == kBlock ? 1 : kBlock / kGroup;
@@ -439,7 +511,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
             }
             const int64_t resident = resident_blocks_per_sm(kernel, static_cast<int>(threads), shared_bytes) * sms;
             const int64_t blocks = std::min({row_grid, resident, max_grid});
-            return RowPlan{static_cast<double>(blocks * kGroups) / static_cast<double>(sms), [=, &partial_rows] {
+            const int64_t in_progress = std::min(blocks * kGroups * kRowsAtOnce, rows);
+            return RowPlan{static_cast<double>(in_progress) / static_cast<double>(sms), [=, &partial_rows] {
                              acc_t* partial_ptr = partial_rows(blocks);
                              kernel<<<blocks, threads, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols,
                                                                               partial_ptr);
@@ -451,6 +524,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         using Reread = std::integral_constant<RowSource, RowSource::Reread>;
         using InRegisters = std::integral_constant<ColumnSums, ColumnSums::Registers>;
         using InShared = std::integral_constant<ColumnSums, ColumnSums::Shared>;
+        using One = std::integral_constant<int, 1>;
         constexpr int64_t kSize = Vec16<scalar_t>::kSize;
         const int64_t vectors = cols / kSize;
         constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
@@ -460,8 +534,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
           if (vectors <= int64_t{Tuning::kMaxRowBlock} * Items::value) {
             with_row_layout<Tuning, scalar_t, Items::value, Tuning::kMinBackwardBlock>(
                 rows, cols, true, sms * Tuning::kBackwardThreads, [&](auto group, auto block, auto, int64_t row_grid) {
-                  plan = plan_rows(group, block, Items(), Held(), InRegisters(), decltype(block)::value, row_grid,
-                                   kNoLimit);
+                  plan = plan_rows(group, block, Items(), One(), Held(), InRegisters(), decltype(block)::value,
+                                   row_grid, kNoLimit);
                 });
           }
           if constexpr (Tuning::template kRereadItems<scalar_t> > 0) {
@@ -469,7 +543,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
             using Wide = std::integral_constant<int, Tuning::template kRereadItems<scalar_t>>;
             if (!plan.launch && vectors <= int64_t{Tuning::kMaxRowBlock} * Wide::value) {
               TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
-              plan = plan_rows(Block(), Block(), Wide(), Reread(), InRegisters(), Block::value, rows, kNoLimit);
+              plan = plan_rows(Block(), Block(), Wide(), One(), Reread(), InRegisters(), Block::value, rows, kNoLimit);
             }
           }
           // The column sums in shared memory instead, where that keeps more rows in progress per SM: a block of
@@ -485,14 +559,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
             using WarpBlock = std::integral_constant<unsigned, Tuning::kWarpRowsBlock>;
             using AnyBlock = std::integral_constant<unsigned, kAnyBlock>;
             constexpr int64_t kWarpGroups = Tuning::kWarpRowsBlock / kWarpSize;
-            const RowPlan shared =
+            RowPlan shared =
                 threads <= kWarpSize
-                    ? plan_rows(WarpGroup(), WarpBlock(), SharedItems(), Held(), InShared(), WarpBlock::value,
+                    ? plan_rows(WarpGroup(), WarpBlock(), SharedItems(), One(), Held(), InShared(), WarpBlock::value,
                                 (rows + kWarpGroups - 1) / kWarpGroups, min_rows(kWarpGroups))
-                    : plan_rows(AnyBlock(), AnyBlock(), SharedItems(), Held(), InShared(),
+                    : plan_rows(AnyBlock(), AnyBlock(), SharedItems(), One(), Held(), InShared(),
                                 static_cast<unsigned>((threads + kWarpSize - 1) / kWarpSize * kWarpSize), rows,
                                 min_rows(1));
-            if (shared.rows_per_sm > plan.rows_per_sm) plan = shared;
+            // Short rows: a block of one vector a thread takes two rows at once (Tuning::kRowPairsMaxBlock).
+            const int64_t pair_threads = (vectors + kWarpSize - 1) / kWarpSize * kWarpSize;
+            if (threads > kWarpSize && pair_threads <= Tuning::kRowPairsMaxBlock) {
+              using OneItem = std::integral_constant<int, 1>;
+              using Two = std::integral_constant<int, 2>;
+              RowPlan pairs = plan_rows(AnyBlock(), AnyBlock(), OneItem(), Two(), Held(), InShared(),
+                                        static_cast<unsigned>(pair_threads), (rows + 1) / 2, min_rows(1));
+              if (pairs.rows_per_sm >= shared.rows_per_sm) shared = std::move(pairs);
+            }
+            if (shared.rows_per_sm > plan.rows_per_sm) plan = std::move(shared);
           }
         }
         const bool launched = static_cast<bool>(plan.launch);
