@@ -73,6 +73,23 @@ def test_signed_zeros(name, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["amax", "amin"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_nan_and_infinities(name, dtype, device):
+    """NaN wins wherever it is in a slice, and ±inf are ordinary extremes, on every path (the CPU folds max and
+    min in float32 as integer keys with a NaN flag beside them): torch's values, some slices with a NaN."""
+    for shape, dim in PATHS:
+        x = torch.randn(shape, device=device)
+        r = torch.rand(shape, device=device)
+        x = torch.where(r < 0.05, float("inf"), torch.where(r > 0.95, float("-inf"), x))
+        x = torch.where(torch.rand(shape, device=device) < 0.5 / x.numel() ** 0.5, float("nan"), x).to(dtype)
+        dims = tuple(range(x.dim())) if dim is None else dim
+        for view in (x, x.flip(list(range(x.dim())))):
+            got, want = ours(name)(view, () if dim is None else dim), torch_op(name)(view, dims)
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=str((name, shape, dim)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_signed_zeros_short(device):
     """The issue's cases: the zero is the same in both orders (torch's CPU gives the first of equal zeros on
     short inputs and a lane-dependent one on long ones, so no fixed rule matches it everywhere)."""

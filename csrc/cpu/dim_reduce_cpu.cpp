@@ -24,7 +24,12 @@ constexpr int64_t kChunk = 1 << 16;
 // x[0, n), loaded, in lanes.
 template <typename acc_t, typename scalar_t, typename Ops>
 acc_t fold_run(const scalar_t* x, int64_t n, const Ops& ops) {
-  return lane_fold<acc_t>(n, ops, [&](int64_t j) { return load_element<acc_t>(ops, x[j]); });
+  const auto term = [&](int64_t j) { return load_element<acc_t>(ops, x[j]); };
+  if constexpr (kKeyedExtreme<acc_t, Ops>) {
+    return keyed_extreme<acc_t, Ops>(n, term);
+  } else {
+    return lane_fold<acc_t>(n, ops, term);
+  }
 }
 
 // The whole tensor: an order-free fold (reduce_ops.h: OrderFree) in lanes, in parallel chunks; any other through
@@ -72,6 +77,32 @@ void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor
         if (N == 1 && !std::is_same_v<Ops, ProdOp<acc_t>>) {
           for (int64_t b = begin; b < end; ++b) {
             result[b] = static_cast<out_t>(project_result(ops, fold_run<acc_t>(in + b * K, K, ops)));
+          }
+          return;
+        }
+        if constexpr (kKeyedExtreme<acc_t, Ops>) {
+          // Max and min as keys, so the walk across n vectorizes (lanes.h); a column with a NaN gives its first.
+          using Keys = ExtremeKeys<Ops>;
+          std::vector<int32_t> keys(N), nan(N);
+          for (int64_t b = begin; b < end; ++b) {
+            std::fill(keys.begin(), keys.end(), Keys::key(Ops::identity()));
+            std::fill(nan.begin(), nan.end(), 0);
+            const scalar_t* slab = in + b * K * N;
+            for (int64_t k = 0; k < K; ++k) {
+              for (int64_t n = 0; n < N; ++n) {
+                const float v = load_element<acc_t>(ops, slab[k * N + n]);
+                keys[n] = Keys::larger(Keys::key(v), keys[n]);
+                nan[n] |= v != v;
+              }
+            }
+            for (int64_t n = 0; n < N; ++n) {
+              acc_t v = Keys::value(keys[n]);
+              for (int64_t k = 0; nan[n] != 0; ++k) {  // the column's first NaN
+                v = load_element<acc_t>(ops, slab[k * N + n]);
+                if (v != v) break;
+              }
+              result[b * N + n] = static_cast<out_t>(project_result(ops, v));
+            }
           }
           return;
         }
