@@ -860,6 +860,40 @@ def test_cuda_graph(spec):
             assert_same_bits(captured, want, f"{what}, replay {replay + 1}")
 
 
+@requires_cuda
+def test_cuda_graphs_replayed_at_once_count_in_their_own_tickets():
+    """The folds done by the last block to finish (the single-pass full sum, rows and columns split over blocks)
+    count finished blocks in integer tickets. Two graphs captured on one stream (never used before the capture),
+    replayed at once on two streams, and eager calls on the capture stream between replays each count in tickets
+    of their own: every result has the bits of an eager call on the default stream."""
+    cases = [((3 * 2**20 + 17,), None), ((32, 2**20), 1), ((8, 2**19), -1), ((2**20, 32), 0), ((300, 2000), 0)]
+    inputs = [torch.randn(shape, device="cuda") for shape, _ in cases]
+
+    def run_all():
+        return [torch_reduce.sum(x) if dim is None else torch_reduce.sum(x, dim) for x, (_, dim) in zip(inputs, cases)]
+
+    want = run_all()
+    torch.cuda.synchronize()  # the inputs are written before any other stream reads them
+    capture = torch.cuda.Stream()
+    graphs, captured = [], []
+    for _ in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture):
+            captured.append(run_all())
+        graphs.append(graph)
+    replay_streams = [torch.cuda.Stream() for _ in graphs]
+    for round_ in range(20):
+        for graph, stream in zip(graphs, replay_streams):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                graph.replay()
+        with torch.cuda.stream(capture):
+            eager = run_all()
+        torch.cuda.synchronize()
+        for name, got in [("graph 1", captured[0]), ("graph 2", captured[1]), ("eager on the capture stream", eager)]:
+            assert_same_bits(got, want, f"{name}, round {round_ + 1}")
+
+
 # ------------------------------------------------------------------------------------- > 2^31 elements ----
 
 def assert_close_in_chunks(got, want, what, chunk=2**26):

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(BLOCK)
   w = block_reduce<BLOCK>(w, ops);
   if (threadIdx.x == 0) {
     *out = static_cast<out_t>(project_result(ops, w));
-    *ticket = 0;  // ready for the next launch on this stream
+    *ticket = 0;  // ready for the next launch that uses it
   }
 }
 
@@ -183,7 +183,7 @@ void launch_device_reduce(const scalar_t* in, int64_t n, out_t* out, Ops ops, bo
     partials = at::empty({grid * static_cast<int64_t>(sizeof(acc_t))}, at::TensorOptions().dtype(at::kByte).device(device));
     partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
   }
-  unsigned* ticket = (grid > 1 && single_pass) ? ticket_for_current_stream() : nullptr;
+  unsigned* ticket = (grid > 1 && single_pass) ? zeroed_tickets(1) : nullptr;
   first<<<grid, BLOCK, 0, stream>>>(in, n, partial_ptr, ticket, out, ops);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (grid > 1 && !single_pass) {

@@ -1,6 +1,6 @@
 #pragma once
-// Launch state, all of it keyed by device: resident blocks per (device, kernel, block size, dynamic shared
-// bytes) and the single-pass tickets per (device, stream). Two GPUs share stream handles (each device's
+// Launch state, all of it keyed by device: resident blocks (and clusters) per (device, kernel, block size,
+// dynamic shared bytes) and the tickets of single-launch folds per (device, stream). Two GPUs share stream handles (each device's
 // default stream is handle 0) and may differ in SM count and occupancy, so nothing is keyed by a stream or
 // a kernel alone. Every function reads the current device: call it under the op's device guard.
 #include <ATen/cuda/CUDAContext.h>
@@ -12,6 +12,7 @@
 #include <mutex>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "model_gpu.h"
 
@@ -42,6 +43,50 @@ int resident_blocks_per_sm(Kernel kernel, int block, size_t shared_bytes = 0) {
   return it->second;
 }
 
+// How many clusters of `cluster` blocks of `kernel` the current device runs at once (0: none fit), cached as
+// resident_blocks_per_sm is. sm_90 and newer.
+template <typename Kernel>
+int64_t resident_clusters(Kernel kernel, int block, size_t shared_bytes, int cluster) {
+  using Key = std::tuple<c10::DeviceIndex, const void*, int, size_t, int>;
+  static std::mutex mutex;
+  static std::map<Key, int64_t> cache;
+  const Key key{c10::cuda::current_device(), reinterpret_cast<const void*>(kernel), block, shared_bytes, cluster};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(cluster * at::cuda::getCurrentDeviceProperties()->multiProcessorCount));
+    config.blockDim = dim3(static_cast<unsigned>(block));
+    config.dynamicSmemBytes = shared_bytes;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    it = cache.emplace(key, clusters).first;
+  }
+  return it->second;
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) in clusters of `cluster` blocks (grid a multiple of it).
+template <typename... Params, typename... Args>
+void launch_in_clusters(void (*kernel)(Params...), int64_t grid, unsigned block, size_t shared_bytes,
+                        cudaStream_t stream, int cluster, Args... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
 // Lets `kernel` take as much dynamic shared memory as a block of the current device may have beside the
 // kernel's static shared memory (beyond 48 KiB in all needs this, once per device and kernel); returns that
 // many bytes, the most a launch of it may ask for.
@@ -62,21 +107,30 @@ size_t allow_max_dynamic_shared(Kernel kernel) {
   return it->second;
 }
 
-// A zeroed ticket counter per (device, stream), reset by the last block of each single-pass launch:
-// launches on one stream run in order, so they never share it, and no memset is needed per call (that
-// would be a second launch).
-inline unsigned* ticket_for_current_stream() {
+// `count` zeroed ticket counters for a launch whose last block of each group folds what the group's other
+// blocks wrote; that block resets its counter to zero. Launches on one stream run in order, so eager ones
+// share one buffer per (device, stream), grown as needed and never cleared again (a memset would be a
+// second launch). A launch captured into a CUDA graph gets a buffer of its own, zeroed by the graph and kept
+// for the life of the process: graphs captured on one stream may replay at once on different streams, and
+// must not count into the same counters.
+inline unsigned* zeroed_tickets(int64_t count) {
   static std::mutex mutex;
-  static std::map<std::pair<c10::DeviceIndex, cudaStream_t>, at::Tensor> tickets;
+  static std::map<std::pair<c10::DeviceIndex, cudaStream_t>, at::Tensor> per_stream;
+  static std::vector<at::Tensor> per_graph;
   const auto stream = at::cuda::getCurrentCUDAStream();
-  const auto key = std::make_pair(stream.device_index(), stream.stream());
+  const auto options = at::TensorOptions().dtype(at::kInt).device(at::kCUDA, stream.device_index());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capture));
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = tickets.find(key);
-  if (it == tickets.end()) {
-    auto ticket = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, stream.device_index()));
-    it = tickets.emplace(key, ticket).first;
+  if (capture != cudaStreamCaptureStatusNone) {
+    return reinterpret_cast<unsigned*>(per_graph.emplace_back(at::zeros({count}, options)).data_ptr<int32_t>());
   }
-  return reinterpret_cast<unsigned*>(it->second.data_ptr<int32_t>());
+  at::Tensor& tickets = per_stream[std::make_pair(stream.device_index(), stream.stream())];
+  if (!tickets.defined() || tickets.numel() < count) {
+    // The old buffer goes back to the stream's pool: work queued on the stream before reuses it first.
+    tickets = at::zeros({std::max<int64_t>(count, tickets.defined() ? 2 * tickets.numel() : 64)}, options);
+  }
+  return reinterpret_cast<unsigned*>(tickets.data_ptr<int32_t>());
 }
 
 }  // namespace torch_reduce::cuda

@@ -14,7 +14,9 @@
 //   Shared:    in the group's slab of shared memory (16-byte runs, column_run), at 1024 threads per SM
 //              (Tuning::kSharedSumsThreads) of a group just as large as the row needs (any multiple of 32);
 //              short rows two at a time (ROWS), one barrier and one column-sum update for both
-//              (Tuning::kRowPairsMaxBlock: float32 16384x1024 1.19-1.25x, bfloat16 65536x1024 1.03-1.06x).
+//              (Tuning::kRowPairsMaxBlock: float32 16384x1024 1.19-1.25x, bfloat16 65536x1024 1.03-1.06x);
+//              on sm_90 and newer the blocks run in clusters whose blocks add up their column sums through
+//              distributed shared memory at the end, one partial row a cluster (Tuning::kColumnSumsCluster).
 // What bounds this kernel is how many rows an SM has in progress: each row's loads wait on its reduction's
 // barrier, so an SM keeps about (rows in progress) x (row bytes) in flight, and a 16-bit row keeps half a float32
 // one's. With the sums in registers a bfloat16 thread's 2 x 8 accumulators a vector fill the 128 registers,
@@ -53,6 +55,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <cooperative_groups.h>
 
 #include <functional>
 
@@ -129,6 +133,32 @@ __device__ __forceinline__ void fold_groups(const acc_t* columns, int64_t slots,
   }
 }
 
+// A cluster's partial row: every block's column sums (`columns`, kGroups groups of `slots` in each block's
+// shared memory) added in rank order, then group order, each block adding a 1/CLUSTER share of the slots
+// from the others' shared memory: one partial row a cluster, not a block, for the fold to read.
+template <unsigned BLOCK, unsigned kGroups, int CLUSTER, typename acc_t>
+__device__ __forceinline__ void fold_cluster(acc_t* columns, int64_t slots, acc_t* __restrict__ partial) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every block's sums are final
+  const int64_t share = (slots + CLUSTER - 1) / CLUSTER, begin = cluster.block_rank() * share;
+  const int64_t end = begin + share < slots ? begin + share : slots;
+  for (int64_t c = begin + threadIdx.x; c < end; c += group_threads<BLOCK>()) {
+    acc_t sum = 0;
+#pragma unroll
+    for (int r = 0; r < CLUSTER; ++r) {
+      const acc_t* remote = cluster.map_shared_rank(columns, r);
+      for (unsigned g = 0; g < kGroups; ++g) sum += remote[g * slots + c];
+    }
+    partial[c] = sum;
+  }
+  cluster.sync();  // no block leaves while another reads its shared memory
+#else
+  __trap();  // the host launches clusters on sm_90 and newer only
+#endif
+}
+
 // The reductions of ROWS rows at once: each row's sum(g) (LayerNorm) and sum(g * xhat).
 template <typename acc_t, int ROWS>
 struct RowSums {
@@ -164,8 +194,8 @@ struct RowSumsOp {
 // ROWS: rows a group takes at once (consecutive ones; the grid's last group may have fewer): their loads are in
 // flight together, one barrier reduces them all, and their column-sum terms are added to each other before
 // they are added to the shared-memory sums.
-template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, int ROWS, RowSource kSource,
-          ColumnSums kSums, bool kGradSum, typename scalar_t, typename param_t, typename acc_t>
+template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, int ROWS, int CLUSTER,
+          RowSource kSource, ColumnSums kSums, bool kGradSum, typename scalar_t, typename param_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
                                   (kSums == ColumnSums::Shared ? Tuning::kSharedSumsThreads : Tuning::kBackwardThreads) /
                                       (BLOCK == kAnyBlock ? 1024 : BLOCK))
@@ -180,6 +210,7 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
   constexpr bool kLayer = kNorm == RowNorm::Layer;
   static_assert(ROWS == 1 || (kSource == RowSource::Held && kSums == ColumnSums::Shared),
                 "several rows at once: held rows, column sums in shared memory");
+  static_assert(CLUSTER == 1 || kSums == ColumnSums::Shared, "a cluster folds column sums in shared memory");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   const unsigned group_size = group_threads<GROUP>();
   unsigned group = 0, t = threadIdx.x;
@@ -339,8 +370,13 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
     }
     if constexpr (kGroups == 1) return;
   }
-  __syncthreads();
-  fold_groups<BLOCK, kGroups>(reinterpret_cast<const acc_t*>(shared_bytes), slots, partials + blockIdx.x * slots);
+  if constexpr (CLUSTER > 1) {
+    fold_cluster<BLOCK, kGroups, CLUSTER>(reinterpret_cast<acc_t*>(shared_bytes), slots,
+                                          partials + blockIdx.x / CLUSTER * slots);
+  } else {
+    __syncthreads();
+    fold_groups<BLOCK, kGroups>(reinterpret_cast<const acc_t*>(shared_bytes), slots, partials + blockIdx.x * slots);
+  }
 }
 
 // The streaming kernel: as above, element by element, each thread adding its columns' dy * xhat and dy into
@@ -492,13 +528,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         };
         // threads: the block's (BLOCK, or the run-time size of a kAnyBlock block).
         const auto plan_rows = [&](auto group, auto block, auto items, auto rows_at_once, auto source, auto sums,
-                                   unsigned threads, int64_t row_grid, int64_t max_grid) {
+                                   unsigned threads, int64_t row_grid, int64_t max_grid, auto cluster) {
           return with_grad_sum([&](auto grad_sum_given) {
             constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
             constexpr ColumnSums kSums = decltype(sums)::value;
-            constexpr int kRowsAtOnce = decltype(rows_at_once)::value;
+            constexpr int kRowsAtOnce = decltype(rows_at_once)::value, kCluster = decltype(cluster)::value;
             const auto kernel =
-                row_norm_bwd_rows_kernel<Tuning, kNorm, kGroup, kBlock, decltype(items)::value, kRowsAtOnce,
+                row_norm_bwd_rows_kernel<Tuning, kNorm, kGroup, kBlock, decltype(items)::value, kRowsAtOnce, kCluster,
                                          decltype(source)::value, kSums, decltype(grad_sum_given)::value, scalar_t,
                                          param_t, acc_t>;
             // The groups' column sums in shared memory: all along (ColumnSums::Shared), or where several groups
@@ -509,16 +545,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
               shared_bytes = kGroups * slots * sizeof(acc_t);
               if (shared_bytes > allow_max_dynamic_shared(kernel)) return RowPlan{};
             }
-            const int64_t resident = resident_blocks_per_sm(kernel, static_cast<int>(threads), shared_bytes) * sms;
-            const int64_t blocks = std::min({row_grid, resident, max_grid});
+            const int64_t resident =
+                kCluster > 1 ? resident_clusters(kernel, static_cast<int>(threads), shared_bytes, kCluster) * kCluster
+                             : resident_blocks_per_sm(kernel, static_cast<int>(threads), shared_bytes) * sms;
+            if (resident == 0) return RowPlan{};
+            // A whole number of clusters; a block past the last rows adds nothing.
+            const int64_t blocks = (std::min({row_grid, resident, max_grid}) + kCluster - 1) / kCluster * kCluster;
             const int64_t in_progress = std::min(blocks * kGroups * kRowsAtOnce, rows);
             return RowPlan{static_cast<double>(in_progress) / static_cast<double>(sms), [=, &partial_rows] {
-                             acc_t* partial_ptr = partial_rows(blocks);
-                             kernel<<<blocks, threads, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows, cols,
-                                                                              partial_ptr);
-                             C10_CUDA_KERNEL_LAUNCH_CHECK();
+                             acc_t* partial_ptr = partial_rows(blocks / kCluster);
+                             if constexpr (kCluster > 1) {
+                               launch_in_clusters(kernel, blocks, threads, shared_bytes, stream, kCluster, dyp, xp, mp,
+                                                  rp, wp, gsp, dxp, rows, cols, partial_ptr);
+                             } else {
+                               kernel<<<blocks, threads, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows,
+                                                                                cols, partial_ptr);
+                               C10_CUDA_KERNEL_LAUNCH_CHECK();
+                             }
                            }};
           });
+        };
+        // Blocks of the column-sum plans fold their partial rows a cluster at a time where the GPU has clusters
+        // (sm_90 and newer), each block taking proportionally fewer rows at least (Tuning::kColumnSumsCluster).
+        const bool clusters = at::cuda::getCurrentDeviceProperties()->major >= 9;
+        const int64_t min_block_rows =
+            clusters ? Tuning::kSharedSumsMinRows / Tuning::kColumnSumsCluster : Tuning::kSharedSumsMinRows;
+        const auto with_cluster = [&](auto f) {
+          return clusters ? f(std::integral_constant<int, Tuning::kColumnSumsCluster>())
+                          : f(std::integral_constant<int, 1>());
         };
         using Held = std::integral_constant<RowSource, RowSource::Held>;
         using Reread = std::integral_constant<RowSource, RowSource::Reread>;
@@ -535,7 +589,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
             with_row_layout<Tuning, scalar_t, Items::value, Tuning::kMinBackwardBlock>(
                 rows, cols, true, sms * Tuning::kBackwardThreads, [&](auto group, auto block, auto, int64_t row_grid) {
                   plan = plan_rows(group, block, Items(), One(), Held(), InRegisters(), decltype(block)::value,
-                                   row_grid, kNoLimit);
+                                   row_grid, kNoLimit, One());
                 });
           }
           if constexpr (Tuning::template kRereadItems<scalar_t> > 0) {
@@ -543,36 +597,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
             using Wide = std::integral_constant<int, Tuning::template kRereadItems<scalar_t>>;
             if (!plan.launch && vectors <= int64_t{Tuning::kMaxRowBlock} * Wide::value) {
               TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
-              plan = plan_rows(Block(), Block(), Wide(), One(), Reread(), InRegisters(), Block::value, rows, kNoLimit);
+              plan = plan_rows(Block(), Block(), Wide(), One(), Reread(), InRegisters(), Block::value, rows, kNoLimit,
+                               One());
             }
           }
           // The column sums in shared memory instead, where that keeps more rows in progress per SM: a block of
-          // just the threads a row needs (any multiple of 32), each block taking kSharedSumsMinRows rows at
-          // least (its partial row costs about what 3 rows of reads do).
+          // just the threads a row needs (any multiple of 32), each block taking min_block_rows rows at least
+          // (a block's own partial row costs about what 3 rows of reads do).
           using SharedItems = std::integral_constant<int, Tuning::kSharedSumsItems>;
           const int64_t threads = (vectors + SharedItems::value - 1) / SharedItems::value;
           if (threads <= 1024 && rows <= std::numeric_limits<int32_t>::max()) {
             const auto min_rows = [&](int64_t groups) {
-              return std::max<int64_t>(1, rows / (groups * Tuning::kSharedSumsMinRows));
+              return std::max<int64_t>(1, rows / (groups * min_block_rows));
             };
             using WarpGroup = std::integral_constant<unsigned, kWarpSize>;
             using WarpBlock = std::integral_constant<unsigned, Tuning::kWarpRowsBlock>;
             using AnyBlock = std::integral_constant<unsigned, kAnyBlock>;
             constexpr int64_t kWarpGroups = Tuning::kWarpRowsBlock / kWarpSize;
-            RowPlan shared =
-                threads <= kWarpSize
-                    ? plan_rows(WarpGroup(), WarpBlock(), SharedItems(), One(), Held(), InShared(), WarpBlock::value,
-                                (rows + kWarpGroups - 1) / kWarpGroups, min_rows(kWarpGroups))
-                    : plan_rows(AnyBlock(), AnyBlock(), SharedItems(), One(), Held(), InShared(),
-                                static_cast<unsigned>((threads + kWarpSize - 1) / kWarpSize * kWarpSize), rows,
-                                min_rows(1));
+            RowPlan shared = with_cluster([&](auto cluster) {
+              return threads <= kWarpSize
+                         ? plan_rows(WarpGroup(), WarpBlock(), SharedItems(), One(), Held(), InShared(),
+                                     WarpBlock::value, (rows + kWarpGroups - 1) / kWarpGroups, min_rows(kWarpGroups),
+                                     One())
+                         : plan_rows(AnyBlock(), AnyBlock(), SharedItems(), One(), Held(), InShared(),
+                                     static_cast<unsigned>((threads + kWarpSize - 1) / kWarpSize * kWarpSize), rows,
+                                     min_rows(1), cluster);
+            });
             // Short rows: a block of one vector a thread takes two rows at once (Tuning::kRowPairsMaxBlock).
             const int64_t pair_threads = (vectors + kWarpSize - 1) / kWarpSize * kWarpSize;
             if (threads > kWarpSize && pair_threads <= Tuning::kRowPairsMaxBlock) {
               using OneItem = std::integral_constant<int, 1>;
               using Two = std::integral_constant<int, 2>;
-              RowPlan pairs = plan_rows(AnyBlock(), AnyBlock(), OneItem(), Two(), Held(), InShared(),
-                                        static_cast<unsigned>(pair_threads), (rows + 1) / 2, min_rows(1));
+              RowPlan pairs = with_cluster([&](auto cluster) {
+                return plan_rows(AnyBlock(), AnyBlock(), OneItem(), Two(), Held(), InShared(),
+                                 static_cast<unsigned>(pair_threads), (rows + 1) / 2, min_rows(1), cluster);
+              });
               if (pairs.rows_per_sm >= shared.rows_per_sm) shared = std::move(pairs);
             }
             if (shared.rows_per_sm > plan.rows_per_sm) plan = std::move(shared);
