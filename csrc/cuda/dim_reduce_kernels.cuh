@@ -173,7 +173,9 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
     if (last_of_row) {
       const auto fold = partials_ops(ops);
       acc_t w = Ops::identity();
-      for (int64_t y = threadIdx.x; y < gridDim.y; y += Tuning::kDimBlock) w = fold(w, load_from_l2(partials + y * rows + row));
+      for (int64_t y = threadIdx.x; y < gridDim.y; y += Tuning::kDimBlock) {
+        w = fold(w, load_from_l2(partials + y * rows + row));
+      }
       w = block_reduce<Tuning::kDimBlock>(w, fold);
       if (threadIdx.x == 0) {
         out[row] = static_cast<out_t>(project_result(ops, w));

@@ -1,8 +1,9 @@
 #pragma once
 // Launch state, all of it keyed by device: resident blocks (and clusters) per (device, kernel, block size,
-// dynamic shared bytes) and the tickets of single-launch folds per (device, stream). Two GPUs share stream handles (each device's
-// default stream is handle 0) and may differ in SM count and occupancy, so nothing is keyed by a stream or
-// a kernel alone. Every function reads the current device: call it under the op's device guard.
+// dynamic shared bytes) and the tickets of single-launch folds per (device, stream) or captured graph. Two GPUs
+// share stream handles (each device's default stream is handle 0) and may differ in SM count and occupancy, so
+// nothing is keyed by a stream or a kernel alone. Every function reads the current device: call it under the
+// op's device guard.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
