@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/dispatch.h"
+#include "cpu/isa.h"
 #include "cpu/lanes.h"
 #include "cpu/model.h"
 #include "dim_reduce.h"
@@ -40,7 +41,7 @@ template <typename acc_t, typename scalar_t, typename Ops>
 acc_t reduce_whole(const scalar_t* in, int64_t n, const Ops& ops) {
   if constexpr (OrderFree<Ops>::value) {
     std::vector<acc_t> parts((n + kChunk - 1) / kChunk);
-    at::parallel_for(0, static_cast<int64_t>(parts.size()), 1, [&](int64_t begin, int64_t end) {
+    parallel_for_best_vectors(0, static_cast<int64_t>(parts.size()), 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
         parts[c] = fold_run<acc_t>(in + c * kChunk, std::min(kChunk, n - c * kChunk), ops);
       }
@@ -48,7 +49,7 @@ acc_t reduce_whole(const scalar_t* in, int64_t n, const Ops& ops) {
     return lane_fold<acc_t>(static_cast<int64_t>(parts.size()), ops, [&](int64_t c) { return parts[c]; });
   } else if constexpr (HasTransform<Ops>::value) {
     std::vector<acc_t> loaded(n);
-    at::parallel_for(0, n, kChunk, [&](int64_t begin, int64_t end) {
+    parallel_for_best_vectors(0, n, kChunk, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) loaded[i] = load_element<acc_t>(ops, in[i]);
     });
     return device_reduce<acc_t>(loaded.data(), n, kModelBlock, kModelGpu, true, partials_ops(ops));
@@ -73,7 +74,7 @@ void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor
       // One (b) slab at a time: a row (N = 1) in lanes, but for a product (the order decides where its partial
       // products over- or underflow, and the serial one is the reference's); else the N running values of a slab
       // walk its K rows in order, vectorized across n.
-      at::parallel_for(0, p.outer, 1, [&](int64_t begin, int64_t end) {
+      parallel_for_best_vectors(0, p.outer, 1, [&](int64_t begin, int64_t end) {
         if (N == 1 && !std::is_same_v<Ops, ProdOp<acc_t>>) {
           for (int64_t b = begin; b < end; ++b) {
             result[b] = static_cast<out_t>(project_result(ops, fold_run<acc_t>(in + b * K, K, ops)));

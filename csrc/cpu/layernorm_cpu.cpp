@@ -5,6 +5,7 @@
 
 #include "common/dispatch.h"
 #include "common/reduce_ops.h"
+#include "cpu/isa.h"
 #include "cpu/lanes.h"
 #include "layernorm.h"
 #include "norm_ops.h"
@@ -75,7 +76,7 @@ Welford<double> row_stats(const scalar_t* x, int64_t n, bool parallel) {
   if (!parallel || n <= kChunk) return run_stats(x, n);
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<Welford<double>> parts(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for_best_vectors(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) parts[c] = run_stats(x + c * kChunk, std::min(kChunk, n - c * kChunk));
   });
   Welford<double> w = WelfordOp<double>::identity();
@@ -94,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& input, at::Opt
     scalar_t* var = p.var.mutable_data_ptr<scalar_t>();
     scalar_t* mean = p.mean.mutable_data_ptr<scalar_t>();
     const bool one_row = rows == 1;
-    at::parallel_for(0, rows, row_grain(inner), [&](int64_t begin, int64_t end) {
+    parallel_for_best_vectors(0, rows, row_grain(inner), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const Welford<double> w = row_stats(x + r * inner, inner, one_row);
         // An empty row: mean NaN (0/0) as torch gives.
@@ -162,7 +163,7 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
       scalar_t* yp = out.mutable_data_ptr<scalar_t>();
       stat_t* mp = mean.defined() ? mean.mutable_data_ptr<stat_t>() : nullptr;
       stat_t* rp = rstd.mutable_data_ptr<stat_t>();
-      at::parallel_for(0, s.rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+      parallel_for_best_vectors(0, s.rows, row_grain(cols), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const scalar_t* row = xp + r * cols;
           double mu = 0, rs;
@@ -228,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
       if (grad_input.numel() > 0) {
         scalar_t* dxp = grad_input.mutable_data_ptr<scalar_t>();
         // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (RMSNorm: no mean(g) term).
-        at::parallel_for(0, rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+        parallel_for_best_vectors(0, rows, row_grain(cols), [&](int64_t begin, int64_t end) {
           for (int64_t r = begin; r < end; ++r) {
             const double mu = row_mean(r), rstd_r = rp[r];
             const scalar_t *x = xp + r * cols, *d = dyp + r * cols;
@@ -275,7 +276,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         // Column sums over the rows; each task owns a range of columns, so no two tasks share an output.
         // Columns a task takes: 64 at least, and about GRAIN_SIZE elements of x and dy.
         const int64_t column_grain = std::max<int64_t>(64, at::internal::GRAIN_SIZE / std::max<int64_t>(rows, 1));
-        at::parallel_for(0, cols, column_grain, [&](int64_t begin, int64_t end) {
+        parallel_for_best_vectors(0, cols, column_grain, [&](int64_t begin, int64_t end) {
           std::vector<double> dw(end - begin, 0.0), db(end - begin, 0.0);
           for (int64_t r = 0; r < rows; ++r) {
             const double mu = row_mean(r), rstd_r = rp[r];
