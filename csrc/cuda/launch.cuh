@@ -117,7 +117,7 @@ size_t allow_max_dynamic_shared(Kernel kernel) {
 inline unsigned* zeroed_tickets(int64_t count) {
   static std::mutex mutex;
   static std::map<std::pair<c10::DeviceIndex, cudaStream_t>, at::Tensor> per_stream;
-  static std::vector<at::Tensor> per_graph;
+  static std::vector<at::Tensor> per_graph, outgrown;
   const auto stream = at::cuda::getCurrentCUDAStream();
   const auto options = at::TensorOptions().dtype(at::kInt).device(at::kCUDA, stream.device_index());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -128,7 +128,9 @@ inline unsigned* zeroed_tickets(int64_t count) {
   }
   at::Tensor& tickets = per_stream[std::make_pair(stream.device_index(), stream.stream())];
   if (!tickets.defined() || tickets.numel() < count) {
-    // The old buffer goes back to the stream's pool: work queued on the stream before reuses it first.
+    // An outgrown buffer is kept, not freed: another host thread launching on this stream may hold its pointer
+    // and not have launched yet. Each buffer at least doubles, so they add up to twice the last at most.
+    if (tickets.defined()) outgrown.push_back(tickets);
     tickets = at::zeros({std::max<int64_t>(count, tickets.defined() ? 2 * tickets.numel() : 64)}, options);
   }
   return reinterpret_cast<unsigned*>(tickets.data_ptr<int32_t>());
