@@ -187,8 +187,7 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
 }
 
 template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
-void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops ops, const at::TensorOptions& options,
-                 cudaStream_t stream) {
+void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops ops, cudaStream_t stream) {
   constexpr int64_t kVector = Vec16<scalar_t>::kSize;
   const int64_t vectors = ceil_div(K, kVector);
   if (K * int64_t{sizeof(scalar_t)} < Tuning::kTileRowBytes &&
@@ -222,14 +221,10 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops op
                                  std::max<int64_t>(1, vectors / (Tuning::kDimBlock * Tuning::kMinVectorsPerThread)));
   const int64_t chunk = ceil_div(vectors, splits) * kVector;  // whole vectors: every split starts aligned
   splits = ceil_div(K, chunk);
-  at::Tensor partials;
-  acc_t* partial_ptr = nullptr;
-  unsigned* tickets = nullptr;
-  if (splits > 1) {
-    partials = at::empty({splits * rows * static_cast<int64_t>(sizeof(acc_t))}, options.dtype(at::kByte));
-    partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
-    tickets = zeroed_tickets(rows);
-  }
+  FoldScratch scratch;
+  if (splits > 1) scratch = fold_scratch(splits * rows * static_cast<int64_t>(sizeof(acc_t)), rows);
+  acc_t* partial_ptr = static_cast<acc_t*>(scratch.partials);
+  unsigned* tickets = scratch.tickets;
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
   kernel<<<grid, Tuning::kDimBlock, 0, stream>>>(in, rows, K, chunk, partial_ptr, tickets, out, ops);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -330,7 +325,7 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
 
 template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
 void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out_t* out, Ops ops,
-                    const at::TensorOptions& options, cudaStream_t stream) {
+                    cudaStream_t stream) {
   // Four columns a thread when every slab's row starts at a multiple of four elements (one 16-byte load
   // for float32), else one.
   constexpr int kFour = 4;
@@ -349,14 +344,10 @@ void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out
   int64_t splits = choose_splits(blocks, resident_blocks<Tuning>(kernel), std::max<int64_t>(1, K / (by * Tuning::kMinRowsPerThread)));
   const int64_t rows_per_split = ceil_div(K, splits);
   splits = ceil_div(K, rows_per_split);
-  at::Tensor partials;
-  acc_t* partial_ptr = nullptr;
-  unsigned* tickets = nullptr;
-  if (splits > 1) {
-    partials = at::empty({splits * outer * N * static_cast<int64_t>(sizeof(acc_t))}, options.dtype(at::kByte));
-    partial_ptr = reinterpret_cast<acc_t*>(partials.mutable_data_ptr());
-    tickets = zeroed_tickets(blocks);
-  }
+  FoldScratch scratch;
+  if (splits > 1) scratch = fold_scratch(splits * outer * N * static_cast<int64_t>(sizeof(acc_t)), blocks);
+  acc_t* partial_ptr = static_cast<acc_t*>(scratch.partials);
+  unsigned* tickets = scratch.tickets;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));
   const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(by));
   kernel<<<grid, block, 0, stream>>>(in, outer, K, N, rows_per_split, partial_ptr, tickets, out, ops);
@@ -377,15 +368,15 @@ void launch_dim_reduction(const ReduceKind& kind, const ReduceProblem& p, const 
       out_t* result = out.mutable_data_ptr<out_t>();
       if constexpr (decltype(whole)::value) {
         if (p.outer * p.inner == 1) {
-          launch_device_reduce<Tuning::kDimBlock, scalar_t, acc_t>(in, p.reduced, result, ops, true, out.device());
+          launch_device_reduce<Tuning::kDimBlock, scalar_t, acc_t>(in, p.reduced, result, ops, true);
           return;
         }
       }
       // A stage over the whole tensor (an expanded input's, whose repeats fold into its accumulator) is one row.
       if (p.inner == 1) {
-        launch_rows<Tuning, scalar_t, acc_t>(in, p.outer, p.reduced, result, ops, out.options(), stream);
+        launch_rows<Tuning, scalar_t, acc_t>(in, p.outer, p.reduced, result, ops, stream);
       } else {
-        launch_columns<Tuning, scalar_t, acc_t>(in, p.outer, p.reduced, p.inner, result, ops, out.options(), stream);
+        launch_columns<Tuning, scalar_t, acc_t>(in, p.outer, p.reduced, p.inner, result, ops, stream);
       }
     });
   });

@@ -134,7 +134,7 @@ at::Tensor ladder_sum_cuda(const at::Tensor& t, int64_t block_size) {
       with_power_of_two<32, 1024>(block_size, [&](auto block) {
         launch_device_reduce<decltype(block)::value, scalar_t, acc_t>(
             x.const_data_ptr<scalar_t>(), n, out.mutable_data_ptr<out_t>(), SumOp<acc_t>(), KeepValue(),
-            kVariant == Ladder::SinglePass, t.device());
+            kVariant == Ladder::SinglePass);
       });
       result = out;
     } else {

@@ -108,32 +108,67 @@ size_t allow_max_dynamic_shared(Kernel kernel) {
   return it->second;
 }
 
-// `count` zeroed ticket counters for a launch whose last block of each group folds what the group's other
-// blocks wrote; that block resets its counter to zero. Launches on one stream run in order, so eager ones
-// share one buffer per (device, stream), grown as needed and never cleared again (a memset would be a
-// second launch). A launch captured into a CUDA graph gets a buffer of its own, zeroed by the graph and kept
-// for the life of the process: graphs captured on one stream may replay at once on different streams, and
-// must not count into the same counters.
-inline unsigned* zeroed_tickets(int64_t count) {
+// Scratch of a launch whose last block of each group folds what the group's blocks wrote: `partial_bytes` for
+// the blocks' partials and `ticket_count` zeroed ticket counters (that block resets its counter to zero).
+// Launches on one stream run in order, so eager ones share one pair of buffers per (device, stream), grown as
+// needed; the counters are never cleared again (a memset would be a second launch), and a caching-allocator
+// call per launch is saved (sum of 2^14 floats, one eager call: 14.1 us against torch.sum's 11.4, 9.1 at 2^10
+// with no partials). Partials larger than kSharedPartialBytes get a tensor of their own (their kernels run
+// long), so a stream keeps little. A launch captured into a CUDA graph gets buffers of its own: counters
+// zeroed by the graph and kept for the life of the process, partials from the graph's pool (held by
+// `owned` until the launch is issued), since graphs captured on one stream may replay at once on different
+// streams.
+struct FoldScratch {
+  void* partials = nullptr;
+  unsigned* tickets = nullptr;
+  at::Tensor owned;
+};
+
+inline FoldScratch fold_scratch(int64_t partial_bytes, int64_t ticket_count) {
+  constexpr int64_t kSharedPartialBytes = int64_t{1} << 20;
+  struct StreamBuffers {
+    at::Tensor partials, tickets;
+  };
   static std::mutex mutex;
-  static std::map<std::pair<c10::DeviceIndex, cudaStream_t>, at::Tensor> per_stream;
+  static std::map<std::pair<c10::DeviceIndex, cudaStream_t>, StreamBuffers> per_stream;
   static std::vector<at::Tensor> per_graph, outgrown;
   const auto stream = at::cuda::getCurrentCUDAStream();
-  const auto options = at::TensorOptions().dtype(at::kInt).device(at::kCUDA, stream.device_index());
+  const auto device = at::TensorOptions().device(at::kCUDA, stream.device_index());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capture));
+  const bool captured = capture != cudaStreamCaptureStatusNone;
+  FoldScratch scratch;
+  if (captured || partial_bytes > kSharedPartialBytes) {
+    scratch.owned = at::empty({partial_bytes}, device.dtype(at::kByte));
+    scratch.partials = scratch.owned.mutable_data_ptr();
+  }
   std::lock_guard<std::mutex> lock(mutex);
-  if (capture != cudaStreamCaptureStatusNone) {
-    return reinterpret_cast<unsigned*>(per_graph.emplace_back(at::zeros({count}, options)).data_ptr<int32_t>());
+  if (captured) {
+    if (ticket_count > 0) {
+      scratch.tickets = reinterpret_cast<unsigned*>(
+          per_graph.emplace_back(at::zeros({ticket_count}, device.dtype(at::kInt))).data_ptr());
+    }
+    return scratch;
   }
-  at::Tensor& tickets = per_stream[std::make_pair(stream.device_index(), stream.stream())];
-  if (!tickets.defined() || tickets.numel() < count) {
-    // An outgrown buffer is kept, not freed: another host thread launching on this stream may hold its pointer
-    // and not have launched yet. Each buffer at least doubles, so they add up to twice the last at most.
-    if (tickets.defined()) outgrown.push_back(tickets);
-    tickets = at::zeros({std::max<int64_t>(count, tickets.defined() ? 2 * tickets.numel() : 64)}, options);
+  StreamBuffers& buffers = per_stream[std::make_pair(stream.device_index(), stream.stream())];
+  // An outgrown buffer is kept, not freed: another host thread launching on this stream may hold its pointer
+  // and not have launched yet. Each buffer at least doubles, so they add up to twice the last at most.
+  const auto grown = [&](at::Tensor& buffer, int64_t size, int64_t least, auto make) {
+    if (!buffer.defined() || buffer.numel() < size) {
+      if (buffer.defined()) outgrown.push_back(buffer);
+      buffer = make(std::max<int64_t>(size, buffer.defined() ? 2 * buffer.numel() : least));
+    }
+    return buffer.data_ptr();
+  };
+  if (ticket_count > 0) {
+    scratch.tickets = reinterpret_cast<unsigned*>(
+        grown(buffers.tickets, ticket_count, 64, [&](int64_t n) { return at::zeros({n}, device.dtype(at::kInt)); }));
   }
-  return reinterpret_cast<unsigned*>(tickets.data_ptr<int32_t>());
+  if (scratch.partials == nullptr && partial_bytes > 0) {
+    scratch.partials = grown(buffers.partials, partial_bytes, 16384,
+                             [&](int64_t n) { return at::empty({n}, device.dtype(at::kByte)); });
+  }
+  return scratch;
 }
 
 }  // namespace torch_reduce::cuda
