@@ -78,9 +78,9 @@ acc_t fold_vector(const scalar_t* v, Op op) {
 }
 
 // The results of block b's threads in one launch of device_reduce_kernel (thread_reduce in full_reduce.cuh)
-// of `grid` blocks, into values[0, block). Thread T of the grid's G loads vectors T, T + G, ... in rounds of
-// kUnroll * G vectors, vector T + k * G of a round into accumulator k (the last round too, as far as it goes),
-// then its head and tail elements into accumulators 1 and 2. The loops walk the block's vectors of a round in
+// of `grid` blocks, into values[0, block). Thread T of the grid's G loads vectors T, T + G, ...: kUnroll at a
+// time into accumulators 0 .. kUnroll - 1 while a whole round of kUnroll * G vectors fits, the rest into
+// accumulator 0, then its head and tail elements into 1 and 2. The loops walk the block's vectors of a round in
 // memory order (one contiguous run per accumulator); each thread's accumulators still take its vectors in the
 // GPU's order, so the results are the GPU's bits: only the interleaving across threads, which no result depends
 // on, differs from running one simulated thread after another.
@@ -108,10 +108,13 @@ void block_thread_results(const scalar_t* in, int64_t n, int64_t b, int64_t bloc
       for (int64_t t = 0; t < block; ++t) a[t] = op(a[t], fold_vector<acc_t>(v + t * kSize, op));
     }
   }
-  // The last, partial round.
+  // The last, partial round: threads whose kUnroll vectors all exist take them; the others fall through to the
+  // one-vector loop, from vector base + T on, into accumulator 0.
+  const int64_t unrolled = vectors - base - (kUnroll - 1) * threads;  // threads below this take a whole round
   for (int64_t i = base + first; i < vectors; i += threads) {
     for (int64_t t = 0; t < block && i + t < vectors; ++t) {
-      add(t, (i - base) / threads, fold_vector<acc_t>(body + (i + t) * kSize, op));
+      const int64_t k = (i - base) / threads;
+      add(t, first + t < unrolled ? k : 0, fold_vector<acc_t>(body + (i + t) * kSize, op));
     }
   }
   for (int64_t j = 0; j < head; ++j) {

@@ -100,14 +100,25 @@ struct AlignedSplit {
   }
 };
 
+// How a thread reads its last, partial round of vectors (thread_reduce).
+enum class LastRound {
+  // One vector at a time, into accumulator 0: the whole-tensor kernel, whose threads stream many whole rounds
+  // (one partial round is noise there), and whose order the CPU model replays (cpu/model.h).
+  OneAtATime,
+  // As a whole round, vector k into accumulator k, its loads issued together: an absent vector's load reads the
+  // last vector instead (in bounds; a warp's such loads are one address) and its fold is dropped. For rows of a
+  // few vectors a thread: one at a time, most threads of a row of 784 vectors (3136 floats, 256 threads) waited
+  // for 3 loads one after another (H200, graph replay, against the run before: that row's sum 58.6 -> 50.0 us,
+  // amax 82.1 -> 71.2). Every round is this one loop, the bounds tests included, since only rows take it (in the
+  // whole-tensor kernel the tests cost 2-3% at 2^28 floats: 4431 -> 4332 GB/s); its loads are not predicated,
+  // since a bfloat16 kernel then held every vector unpacked at once (55 registers, not 32).
+  Together,
+};
+
 // Thread `thread` of `threads` folds its share of in[0, n): vectors thread, thread + threads, ..., in rounds of
-// kUnroll, vector k of a round into accumulator k. The last, partial round is the same loop: an absent vector's
-// load reads the last vector instead (in bounds; a warp's such loads are one address) and its fold is dropped,
-// so every round's loads are issued together. With a one-vector loop after the whole rounds, most threads of a
-// row of 784 vectors (3136 floats, 256 threads) waited for 3 loads one after another (H200: the sum over such
-// rows at 76% of the line, 0.94x torch). The loads are not predicated instead: a bfloat16 kernel then held
-// every vector unpacked at once (55 registers, not 32: half the blocks per SM).
-template <typename acc_t, typename scalar_t, typename Ops>
+// kUnroll, vector k of a round into accumulator k, a round's loads issued before any is used; the last, partial
+// round as kLast says.
+template <typename acc_t, LastRound kLast = LastRound::Together, typename scalar_t, typename Ops>
 __device__ acc_t thread_reduce(const scalar_t* __restrict__ in, int64_t n, int64_t thread, int64_t threads, Ops ops) {
   using V = Vec16<scalar_t>;
   const AlignedSplit<scalar_t> split(in, n);
@@ -116,17 +127,29 @@ __device__ acc_t thread_reduce(const scalar_t* __restrict__ in, int64_t n, int64
   acc_t acc[kUnroll];
 #pragma unroll
   for (int k = 0; k < kUnroll; ++k) acc[k] = Ops::identity();
-  for (int64_t i = thread; i < split.vectors; i += kUnroll * threads) {
-    V v[kUnroll];
+  if constexpr (kLast == LastRound::OneAtATime) {
+    int64_t i = thread;
+    for (; i + (kUnroll - 1) * threads < split.vectors; i += kUnroll * threads) {
+      V v[kUnroll];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {  // all loads issued before any use
-      const int64_t j = i + k * threads;
-      v[k] = load_vector(vin + (j < split.vectors ? j : split.vectors - 1));
+      for (int k = 0; k < kUnroll; ++k) v[k] = load_vector(vin + i + k * threads);
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) acc[k] = ops(acc[k], fold_vector<acc_t>(v[k], ops));
     }
+    for (; i < split.vectors; i += threads) acc[0] = ops(acc[0], fold_vector<acc_t>(load_vector(vin + i), ops));
+  } else {
+    for (int64_t i = thread; i < split.vectors; i += kUnroll * threads) {
+      V v[kUnroll];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const acc_t folded = ops(acc[k], fold_vector<acc_t>(v[k], ops));
-      if (i + k * threads < split.vectors) acc[k] = folded;
+      for (int k = 0; k < kUnroll; ++k) {
+        const int64_t j = i + k * threads;
+        v[k] = load_vector(vin + (j < split.vectors ? j : split.vectors - 1));
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const acc_t folded = ops(acc[k], fold_vector<acc_t>(v[k], ops));
+        if (i + k * threads < split.vectors) acc[k] = folded;
+      }
     }
   }
 
@@ -144,7 +167,7 @@ __global__ void __launch_bounds__(BLOCK)
     device_reduce_kernel(const scalar_t* __restrict__ in, int64_t n, acc_t* __restrict__ partials,
                          unsigned* __restrict__ ticket, out_t* __restrict__ out, Ops ops) {
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * BLOCK + threadIdx.x;
-  acc_t v = thread_reduce<acc_t>(in, n, thread, static_cast<int64_t>(gridDim.x) * BLOCK, ops);
+  acc_t v = thread_reduce<acc_t, LastRound::OneAtATime>(in, n, thread, static_cast<int64_t>(gridDim.x) * BLOCK, ops);
   v = block_reduce<BLOCK>(v, ops);
   if (gridDim.x == 1) {
     if (threadIdx.x == 0) *out = static_cast<out_t>(project_result(ops, v));
