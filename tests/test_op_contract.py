@@ -894,6 +894,34 @@ def test_cuda_graphs_replayed_at_once_count_in_their_own_tickets():
             assert_same_bits(got, want, f"{name}, round {round_ + 1}")
 
 
+@requires_cuda
+def test_cuda_eager_folds_share_their_streams_scratch():
+    """Eager launches whose last block folds the others' partials take the partials and tickets from one buffer
+    pair per stream, grown as a launch needs more. Calls queued back to back with no synchronize between, sizes
+    growing and shrinking, on two streams at once: every result has the bits of the same call made alone."""
+    cases = [((2**14,), None), ((32, 2**20), 1), ((3 * 2**20 + 5,), None), ((7, 2**21), 0), ((2**12, 2**18), 0),
+             ((64, 2**19), -1), ((2**14,), None), ((300, 2000), 0), ((2**20, 32), 0)]
+    inputs = [torch.randn(shape, device="cuda") for shape, _ in cases]
+
+    def run_all():
+        return [torch_reduce.sum(x) if dim is None else torch_reduce.sum(x, dim) for x, (_, dim) in zip(inputs, cases)]
+
+    want = []
+    for x, (_, dim) in zip(inputs, cases):  # one call at a time, synchronized: nothing else uses the scratch
+        want.append(torch_reduce.sum(x) if dim is None else torch_reduce.sum(x, dim))
+        torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    for round_ in range(5):
+        got = []
+        for stream in streams:
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                got.append(run_all() + run_all()[::-1])
+        torch.cuda.synchronize()
+        for s, results in enumerate(got):
+            assert_same_bits(results, want + want[::-1], f"stream {s + 1}, round {round_ + 1}")
+
+
 # ------------------------------------------------------------------------------------- > 2^31 elements ----
 
 def assert_close_in_chunks(got, want, what, chunk=2**26):
