@@ -10,6 +10,7 @@
 //                a zero subgradient where the norm (or, below 1, the element) is 0.
 // All are written in differentiable ops, so double backward works; transforms and forward-mode AD take
 // the composite path (torch's own ops).
+#include <ATen/OpMathType.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
@@ -33,7 +34,9 @@ at::Tensor reduce_below_autograd(const at::Tensor& self, const ReduceCall& call)
 }
 
 // The product of the other elements of each reduced slice: the reduced dims are moved last and flattened
-// into one, whose exclusive prefix and suffix products multiply.
+// into one, whose exclusive prefix and suffix products multiply, in float32 for 16-bit inputs (a float16
+// scan rounds at every step: 300 elements' gradient came out 1.05% off, torch's result / x 0.08%), rounded
+// to x's dtype at the end.
 at::Tensor prod_of_others(const at::Tensor& x, const std::vector<int64_t>& dims) {
   const int64_t ndim = x.dim();
   if (ndim == 0) return at::ones_like(x);
@@ -44,7 +47,7 @@ at::Tensor prod_of_others(const at::Tensor& x, const std::vector<int64_t>& dims)
   permutation.insert(permutation.end(), dims.begin(), dims.end());
   for (int64_t i = 0; i < ndim; ++i) inverse[permutation[i]] = i;
   const at::Tensor permuted = x.permute(permutation);
-  const at::Tensor rows = permuted.flatten(kept);
+  const at::Tensor rows = permuted.flatten(kept).to(at::toOpMathType(x.scalar_type()));
   const at::Tensor one = at::ones_like(rows.slice(-1, 0, 1));
   // torch's CUDA scan of a single row (numel == the row's length) is CUB's decoupled look-back, whose float
   // products group differently from run to run (the H200: a 2^22-element prod's gradient differed in 97% of
@@ -56,7 +59,7 @@ at::Tensor prod_of_others(const at::Tensor& x, const std::vector<int64_t>& dims)
   };
   const auto exclusive_prod = [&](const at::Tensor& t) { return scan(at::cat({one, t.slice(-1, 0, -1)}, -1)); };
   const at::Tensor before = exclusive_prod(rows), after = exclusive_prod(rows.flip(-1)).flip(-1);
-  return (before * after).reshape_symint(permuted.sym_sizes()).permute(inverse);
+  return (before * after).to(x.scalar_type()).reshape_symint(permuted.sym_sizes()).permute(inverse);
 }
 
 // d norm / dx for g and norm with the reduced dims restored.

@@ -47,6 +47,11 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   const int64_t vectors = cols / Vec16<scalar_t>::kSize;
   RowRegisters<scalar_t, kItems> regs;
   if constexpr (kInRegisters) load_row<GROUP>(regs, x, vectors, t);
+  // The row's first element, row_stats's shift (x + residual rounded as add_residual rounds it).
+  scalar_t first = x[0];
+  if constexpr (kResidual) {
+    first = static_cast<scalar_t>(static_cast<acc_t>(first) + static_cast<acc_t>(residual[row * cols]));
+  }
   if constexpr (kResidual) {  // the row is x + residual from here on
     scalar_t* sum = sum_out + row * cols;
     if constexpr (kInRegisters) {
@@ -62,8 +67,7 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   }
   acc_t mean = 0, rstd;
   if constexpr (kNorm == RowNorm::Layer) {
-    const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(
-        thread_stats<GROUP, kInRegisters, acc_t>(x, cols, t, regs), WelfordOp<acc_t>());
+    const Welford<acc_t> w = row_stats<GROUP, BLOCK, kInRegisters, acc_t>(x, first, cols, t, regs);
     mean = w.mean;
     rstd = reciprocal_sqrt(w.m2 / static_cast<acc_t>(cols) + eps);
   } else {

@@ -50,14 +50,23 @@ __device__ __forceinline__ unsigned group_threads() {
   return GROUP == kAnyBlock ? blockDim.x : GROUP;
 }
 
-// The reduction of a GROUP-thread group (one warp, or the whole block), returned to every thread of it: a
-// group's rows call it once a row. Every warp folds the block's warp results in the same tree, so every
-// thread gets the bits one warp would. One barrier a call: the warp results of successive calls alternate
-// between two shared buffers, so a call's writes never meet the reads of the call before (every thread read
-// those before it reached the barrier in between). The buffers belong to the type: one object per kernel. It replaced three barriers a call (block_reduce, then thread
-// 0's result through shared memory): LayerNorm and RMSNorm backward on the H200, graph replay, 0-5% shorter at
-// most shapes (within the +-4% two runs differ by), 4-14% at hidden 8192-18432 (float32 16384x12288: 688 ->
-// 603 us).
+// Whether combining two T divides (Welford runs): a chain of such combines is slow to wait on.
+template <typename T>
+struct CombineDivides : std::false_type {};
+template <typename A>
+struct CombineDivides<Welford<A>> : std::true_type {};
+
+// The reduction of a GROUP-thread group (one warp, or the whole block), returned to every thread of it: a group's
+// rows call it once a row. Every thread of a block of a fixed size folds the block's warp results from shared
+// memory in warp order (a shuffle tree over them, then a broadcast, is a chain of shuffles the row waits on); a
+// block of a run-time size, or results whose combine divides, fold in a tree, each warp alike (a loop over a
+// run-time count would wait on each load; 15 Welford combines in a row, on each other: LayerNorm float32 2048x18432
+// forward 109 -> 125 us on the H200). Every thread gets the same bits. One barrier a call: the warp results of
+// successive calls alternate between two shared buffers, so a call's writes never meet the reads of the call before
+// (every thread read those before it reached the barrier in between). The buffers belong to the type: one object
+// per kernel. It replaced three barriers a call (block_reduce, then thread 0's result through shared memory):
+// LayerNorm and RMSNorm backward on the H200, graph replay, 0-5% shorter at most shapes (within the +-4% two runs
+// differ by), 4-14% at hidden 8192-18432 (float32 16384x12288: 688 -> 603 us).
 template <unsigned GROUP, unsigned BLOCK, typename T>
 class GroupAllreduce {
   static_assert(GROUP == kWarpSize || GROUP == BLOCK, "a group is one warp or the whole block");
@@ -73,10 +82,18 @@ class GroupAllreduce {
       const unsigned lane = threadIdx.x % kWarpSize, warps = group_threads<GROUP>() / kWarpSize;
       if (lane == 0) warp_results[buffer_][threadIdx.x / kWarpSize] = v;
       __syncthreads();
-      v = warp_reduce(lane < warps ? warp_results[buffer_][lane] : Op::identity(), op);
+      if constexpr (GROUP == kAnyBlock || CombineDivides<T>::value) {
+        v = shfl_broadcast(warp_reduce(lane < warps ? warp_results[buffer_][lane] : Op::identity(), op), 0);
+      } else {
+        v = warp_results[buffer_][0];
+#pragma unroll
+        for (unsigned w = 1; w < warps; ++w) v = op(v, warp_results[buffer_][w]);
+      }
       buffer_ ^= 1;
+      return v;
+    } else {
+      return shfl_broadcast(v, 0);
     }
-    return shfl_broadcast(v, 0);
   }
 };
 
@@ -148,30 +165,34 @@ __device__ __forceinline__ void group_sync() {
   }
 }
 
-// A thread's statistics of its share of row[0, cols): from registers (which the caller has loaded with
-// load_row; two passes), or streamed through thread_reduce with the Welford op. The first pass sums x - x0 (x0: the thread's first
-// element), not x: a float32 sum of a few values near 3e38 overflows to inf (then NaN statistics), and a
-// shifted sum keeps a constant row's mean exact, so its variance is exactly 0 (as torch's Welford gives).
-template <unsigned GROUP, bool kInRegisters, typename acc_t, typename scalar_t, int ITEMS>
-__device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int64_t cols, unsigned t,
-                                                       RowRegisters<scalar_t, ITEMS>& regs) {
+// The statistics of a group's row, returned to every thread of the group. From registers (which the caller
+// has loaded with load_row): two plain sums over the group, of x - x0 and then of (x - mean)^2, x0 the row's
+// first element (`first`, which every thread reads): a float32 sum of a few values near 3e38 does not overflow
+// (then NaN statistics), and a constant row's mean is exact, so its variance is exactly 0 (as torch's Welford
+// gives). Streamed rows: Welford runs through thread_reduce, combined over the group with WelfordOp.
+// Two sums instead of one Welford combine: each shuffle step of a Welford combine divides, and the row waits
+// on its steps one after another. H200, graph replay, against the Welford combine (the run before): var_mean
+// bfloat16 1.01-1.21x (median 1.09x, 65536x768 40.3 -> 34.6 us), float32 0.98-1.18x (median 1.01x); LayerNorm
+// forward at 1024 rows 1.12-1.26x (float32 1024x768 4.9 -> 3.9 us), over its grid a median 1.00x (float32) and
+// 1.04x (bfloat16), some shapes 5-8% slower (float32 4096x1024 9.4 -> 10.2 us), not explained.
+template <unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename acc_t, typename scalar_t, int ITEMS>
+__device__ __forceinline__ Welford<acc_t> row_stats(const scalar_t* row, scalar_t first, int64_t cols, unsigned t,
+                                                    RowRegisters<scalar_t, ITEMS>& regs) {
   if constexpr (kInRegisters) {
     constexpr int kSize = Vec16<scalar_t>::kSize;
     const int64_t vectors = cols / kSize;
-    if (t >= vectors) return WelfordOp<acc_t>::identity();
-    const acc_t first = static_cast<acc_t>(regs.v[0].value[0]);
-    const acc_t x0 = isfinite(first) ? first : acc_t(0);  // inf - inf would make a row of infs' mean NaN
+    const acc_t first_value = static_cast<acc_t>(first);
+    const acc_t x0 = isfinite(first_value) ? first_value : acc_t(0);  // inf - inf would make a row of infs' mean NaN
     acc_t shifted = 0;
-    int count = 0;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       if (t + static_cast<int64_t>(k) * GROUP < vectors) {
 #pragma unroll
         for (int e = 0; e < kSize; ++e) shifted += static_cast<acc_t>(regs.v[k].value[e]) - x0;
-        count += kSize;
       }
     }
-    const acc_t mean = x0 + shifted / static_cast<acc_t>(count);
+    GroupAllreduce<GROUP, BLOCK, acc_t> allreduce;
+    const acc_t mean = x0 + allreduce(shifted, SumOp<acc_t>()) / static_cast<acc_t>(cols);
     repack(regs);
     acc_t m2 = 0;
 #pragma unroll
@@ -184,9 +205,10 @@ __device__ __forceinline__ Welford<acc_t> thread_stats(const scalar_t* row, int6
         }
       }
     }
-    return Welford<acc_t>(mean, m2, static_cast<acc_t>(count));
+    return Welford<acc_t>(mean, allreduce(m2, SumOp<acc_t>()), static_cast<acc_t>(cols));
   } else {
-    return thread_reduce<Welford<acc_t>>(row, cols, t, GROUP, WelfordOp<acc_t>());
+    return group_allreduce<GROUP, BLOCK>(thread_reduce<Welford<acc_t>>(row, cols, t, GROUP, WelfordOp<acc_t>()),
+                                         WelfordOp<acc_t>());
   }
 }
 

@@ -34,8 +34,7 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   const unsigned t = threadIdx.x % GROUP;
   RowRegisters<scalar_t, Tuning::kItems> regs;
   if constexpr (kInRegisters) load_row<GROUP>(regs, in + row * cols, cols / Vec16<scalar_t>::kSize, t);
-  const Welford<acc_t> w = group_allreduce<GROUP, BLOCK>(
-      thread_stats<GROUP, kInRegisters, acc_t>(in + row * cols, cols, t, regs), WelfordOp<acc_t>());
+  const Welford<acc_t> w = row_stats<GROUP, BLOCK, kInRegisters, acc_t>(in + row * cols, in[row * cols], cols, t, regs);
   if (t == 0) {
     var[row] = static_cast<scalar_t>(variance(w, divisor));
     mean[row] = static_cast<scalar_t>(w.mean);
