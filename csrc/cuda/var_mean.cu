@@ -1,7 +1,7 @@
 // torch.var_mean on the GPU: the reduced dims moved last (layernorm.h: var_mean_problem), each row's
-// statistics by row_layout.cuh's machinery (Welford / Chan combine across threads); too few rows to fill the
-// GPU (var_mean over everything): each row split over blocks, a Welford partial per block, folded by one
-// block per row in a fixed order.
+// statistics by row_layout.cuh's machinery (row_stats: two sums over a row in registers, Welford runs over a
+// streamed one); too few rows to fill the GPU (var_mean over everything): each row split over blocks, a
+// Welford partial per block, folded by one block per row in a fixed order.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
