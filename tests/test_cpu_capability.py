@@ -1,5 +1,6 @@
 """The CPU kernels of the norms (var_mean, LayerNorm and RMSNorm, forward and backward) and of the dim reductions
-run in a copy compiled for AVX2 where the CPU has it (csrc/cpu/isa.h). It must give the bits of the baseline copy
+run in a copy compiled for AVX2 where the CPU has it (csrc/cpu/isa.h), and the model of the GPU's whole-tensor sum
+(cpu/model.h) folds float32 vectors with AVX2 there. They must give the bits of the baseline copy
 (TORCH_REDUCE_CPU_CAPABILITY=default): the same operations in the same order, no multiply-add contracted."""
 import subprocess
 import sys
@@ -46,6 +47,11 @@ for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int32):
                 add(torch_reduce.mean(x, *given), torch_reduce.prod(x * 0.01 + 1, *(given and given[0][:1])))
                 for p in (2.0, 1.0, float("inf"), 0.5):
                     add(torch_reduce.vector_norm(x, p, dims))
+x = torch.randn(70001) * 4
+for view in (x, x[1:], x[:1025], x[3:259]):  # whole rounds of the model, misaligned heads, partial rounds only
+    add(torch_reduce.sum(view), torch_reduce.mean(view))
+    for variant in torch_reduce.ops.LADDER:
+        add(getattr(ops, variant.name)(view))
 print(digest.hexdigest())
 """
 

@@ -6,7 +6,8 @@
 // One thread, two interleaved runs each, baseline -> AVX2 (torch): LayerNorm forward 512x1024 435-683 -> 219-310 us
 // (232-269), 8x1024 10.3-12.3 -> 5.9-9.3 (6.8-9.4); its backward 256x1024 500-597 -> 257-356; RMSNorm forward
 // 256x1024 200-300 -> 91-116 (199-394); amax of 2^18 floats 86-121 -> 38-49 (25-28); sum over dim 0 of (4096, 64)
-// 56-73 -> 32-37 (13-20). The model of the GPU's full sum (cpu/model.h) gained nothing and keeps the baseline.
+// 56-73 -> 32-37 (13-20). The model of the GPU's full sum (cpu/model.h) gained nothing from this copy; its float32
+// fold has an AVX2 loop of its own (fold_vectors_into).
 #include <ATen/Parallel.h>
 
 #include <cstdint>
