@@ -56,6 +56,13 @@ for rows, hidden in [(4500, 2560), (8193, 1024), (20000, 64)]:
     torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()
     y, s = torch_reduce.add_rms_norm(z, r, (hidden,), w)
     (y.sum() + s.sum()).backward()
+# Wide rows, several a cluster or block: split over a cluster's blocks (float32 18440: shares of 1153 and 1151
+# vectors, their sums through distributed shared memory), and the next row prefetched (bfloat16 12288).
+for rows, hidden, dtype in [(600, 18440, torch.float32), (600, 12288, torch.bfloat16)]:
+    z = torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True)
+    w, b = (torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()
+    torch_reduce.rms_norm(z, (hidden,), w).sum().backward()
 shifted = torch.randn(7 * 2048 + 1, device="cuda")[1:].view(7, 2048).requires_grad_()
 torch_reduce.layer_norm(shifted, (2048,), torch.ones(2048, device="cuda", requires_grad=True)).sum().backward()
 # The gradient norm: full and partial chunks of every dtype, aligned and misaligned, empty and 0-dim tensors, a

@@ -31,6 +31,10 @@
 //   Held:   in registers (16-bit ones packed), for rows of up to Tuning::kHeldItems vectors a thread;
 //   Reread: wider rows (up to Tuning::kRereadItems vectors a thread): read again in the second pass, from L2
 //           (the block's row was just read), so that the registers hold the accumulators alone.
+// Rows as wide as Reread's whose x and dy are too large for the prefetch below are split over a cluster of blocks
+// instead (Tuning::kRowSplit), each holding its share: ClusterAllreduce adds the row's sums over the cluster.
+// A plan that keeps one row in progress per SM prefetches each group's next row into L2 where the row is wide
+// but not too large (Tuning::kPrefetchMinColumns, kPrefetchMaxRowBytes).
 // Measured on the H200 and kept out (bfloat16 ran at 35-75% of the line with the sums in registers; none of these
 // moved it):
 // - the next row staged in shared memory with cp.async while this one is computed (two stages): float32
@@ -109,6 +113,20 @@ __device__ __forceinline__ void add_run(Vec16<acc_t>* p, const acc_t* terms) {
 __device__ __forceinline__ float mul_rounded(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rounded(double a, double b) { return __dmul_rn(a, b); }
 
+// Asks L2 for bytes [p, p + bytes) (16-byte aligned, a multiple of 16, under 4 GiB) without waiting for them:
+// one bulk prefetch by the group's thread 0 on sm_90 and newer, else a line at a time, the group's threads
+// striding (on the H200 the bulk prefetch ran 0-4% faster than the lines: bfloat16 rows of 18432).
+template <unsigned GROUP>
+__device__ __forceinline__ void prefetch_to_l2(const void* p, int64_t bytes, unsigned t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (t == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(static_cast<uint32_t>(bytes)));
+#else
+  for (int64_t offset = static_cast<int64_t>(t) * 128; offset < bytes; offset += int64_t{group_threads<GROUP>()} * 128) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + offset));
+  }
+#endif
+}
+
 // A 16-byte load the compiler may not merge with an earlier load of the same address: the Reread kernel's
 // second pass reads x and dy again instead of keeping the first pass's values alive.
 template <typename scalar_t>
@@ -159,6 +177,47 @@ __device__ __forceinline__ void fold_cluster(acc_t* columns, int64_t slots, acc_
 #endif
 }
 
+// The combination of the values of a cluster's SPLIT blocks (each block's value the same in all its threads),
+// returned to every thread of the cluster: each block's thread 0 writes its value into the slot of its rank in every
+// block's shared memory, one cluster barrier, then every thread combines its block's slots in rank order (the same
+// bits in every block). As in GroupAllreduce, two buffers alternate: a block writes a buffer again only after the
+// next barrier, which every thread reaches after its reads of it. start() once before the first call: a block may
+// write into another's shared memory only once that one runs.
+template <int SPLIT, typename T>
+class ClusterAllreduce {
+  unsigned buffer_ = 0;
+
+ public:
+  __device__ __forceinline__ void start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cooperative_groups::this_cluster().sync();
+#else
+    __trap();  // the host launches clusters on sm_90 and newer only
+#endif
+  }
+  template <typename Op>
+  __device__ __forceinline__ T operator()(const T& v, Op op) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    __shared__ T slots[2][SPLIT];
+    if (threadIdx.x == 0) {
+      const unsigned rank = cluster.block_rank();
+#pragma unroll
+      for (int r = 0; r < SPLIT; ++r) *cluster.map_shared_rank(&slots[buffer_][rank], r) = v;
+    }
+    cluster.sync();
+    T out = slots[buffer_][0];
+#pragma unroll
+    for (int r = 1; r < SPLIT; ++r) out = op(out, slots[buffer_][r]);
+    buffer_ ^= 1;
+    return out;
+#else
+    __trap();
+    return v;
+#endif
+  }
+};
+
 // The reductions of ROWS rows at once: each row's sum(g) (LayerNorm) and sum(g * xhat).
 template <typename acc_t, int ROWS>
 struct RowSums {
@@ -194,7 +253,7 @@ struct RowSumsOp {
 // ROWS: rows a group takes at once (consecutive ones; the grid's last group may have fewer): their loads are in
 // flight together, one barrier reduces them all, and their column-sum terms are added to each other before
 // they are added to the shared-memory sums.
-template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, int ROWS, int CLUSTER,
+template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, int ROWS, int CLUSTER, int SPLIT,
           RowSource kSource, ColumnSums kSums, bool kGradSum, typename scalar_t, typename param_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
                                   (kSums == ColumnSums::Shared ? Tuning::kSharedSumsThreads : Tuning::kBackwardThreads) /
@@ -203,7 +262,7 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
                                const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
                                const param_t* __restrict__ weight, const scalar_t* __restrict__ grad_sum,
                                scalar_t* __restrict__ grad_in, int64_t rows, int64_t cols,
-                               acc_t* __restrict__ partials) {
+                               acc_t* __restrict__ partials, bool prefetch_next) {
   using V = Vec16<scalar_t>;
   constexpr int kSize = V::kSize;
   constexpr unsigned kGroups = GROUP == BLOCK ? 1 : BLOCK / GROUP;
@@ -211,6 +270,9 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
   static_assert(ROWS == 1 || (kSource == RowSource::Held && kSums == ColumnSums::Shared),
                 "several rows at once: held rows, column sums in shared memory");
   static_assert(CLUSTER == 1 || kSums == ColumnSums::Shared, "a cluster folds column sums in shared memory");
+  static_assert(SPLIT == 1 || (GROUP == BLOCK && ROWS == 1 && CLUSTER == 1 && kSource == RowSource::Held &&
+                               kSums == ColumnSums::Registers),
+                "a row split over a cluster: held rows, one block a row, column sums in registers");
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   const unsigned group_size = group_threads<GROUP>();
   unsigned group = 0, t = threadIdx.x;
@@ -219,7 +281,18 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
     t = threadIdx.x % GROUP;
   }
   const int64_t vectors = cols / kSize, slots = param_sums(kNorm) * cols;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kGroups * ROWS;
+  // The block's vectors of each row, [begin, end): all of them, or its rank's share of a row split over SPLIT
+  // blocks; row_set: which of the grid's groups of blocks this one is in (its rows and its partial row).
+  int64_t begin = 0, end = vectors, row_set = blockIdx.x;
+  ClusterAllreduce<SPLIT, RowSums<acc_t, ROWS>> cluster_allreduce;
+  if constexpr (SPLIT > 1) {
+    const int64_t share = (vectors + SPLIT - 1) / SPLIT;
+    begin = blockIdx.x % SPLIT * share;
+    end = begin + share < vectors ? begin + share : vectors;
+    row_set = blockIdx.x / SPLIT;
+    cluster_allreduce.start();
+  }
+  const int64_t step = static_cast<int64_t>(gridDim.x / SPLIT) * kGroups * ROWS;
   const acc_t inv_cols = acc_t(1) / static_cast<acc_t>(cols);
   constexpr bool kHeld = kSource == RowSource::Held, kInShared = kSums == ColumnSums::Shared;
   constexpr int kRun = Vec16<acc_t>::kSize, kRuns = kSize / kRun;
@@ -252,7 +325,7 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
   }
   GroupAllreduce<GROUP, BLOCK, RowSums<acc_t, ROWS>> allreduce;
   // The group's rows; whole groups iterate together, so every thread reaches the group's reductions.
-  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kGroups + group) * ROWS; first < rows; first += step) {
+  for (int64_t first = (row_set * kGroups + group) * ROWS; first < rows; first += step) {
     // Row q of these is present where first + q < rows; an absent one is zeros (no terms) and is not stored.
     const auto present = [&](int q) { return q == 0 || first + q < rows; };
     acc_t mu[ROWS], rs[ROWS];
@@ -260,8 +333,8 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
     for (int q = 0; q < ROWS; ++q) {
       if constexpr (kHeld) {
         if (present(q)) {
-          load_row<GROUP>(xr[q], in + (first + q) * cols, vectors, t);
-          load_row<GROUP>(dyr[q], grad_out + (first + q) * cols, vectors, t);
+          load_row<GROUP>(xr[q], in + (first + q) * cols + begin * kSize, end - begin, t);
+          load_row<GROUP>(dyr[q], grad_out + (first + q) * cols + begin * kSize, end - begin, t);
         } else {
           xr[q] = dyr[q] = {};
         }
@@ -269,12 +342,20 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
       mu[q] = kLayer && present(q) ? mean[first + q] : acc_t(0);
       rs[q] = present(q) ? rstd[first + q] : acc_t(0);
     }
+    // The group's next rows (its share of them) into L2 while these are reduced (Tuning::kPrefetchMaxRowBytes).
+    const int64_t next = first + step;
+    if (prefetch_next && next < rows) {
+      const int64_t bytes = SPLIT > 1 ? (end - begin) * int64_t{sizeof(V)}
+                                      : (rows - next < ROWS ? rows - next : ROWS) * cols * int64_t{sizeof(scalar_t)};
+      prefetch_to_l2<GROUP>(in + next * cols + begin * kSize, bytes, t);
+      prefetch_to_l2<GROUP>(grad_out + next * cols + begin * kSize, bytes, t);
+    }
     // f(k, i, weight) on each of the thread's vectors of the rows (weight 1 without one).
     const auto visit_rows = [&](auto f) {
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
-        const int64_t i = t + static_cast<int64_t>(k) * group_size;
-        if (i >= vectors) continue;
+        const int64_t i = begin + t + static_cast<int64_t>(k) * group_size;
+        if (i >= end) continue;
         acc_t wv[kSize];
         if (weight != nullptr) {
           load_params(weight, i * kSize, wv);
@@ -300,6 +381,7 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
       }
     });
     sums = allreduce(sums, RowSumsOp<acc_t, ROWS>());
+    if constexpr (SPLIT > 1) sums = cluster_allreduce(sums, RowSumsOp<acc_t, ROWS>());
     acc_t mean_g[ROWS], mean_gx[ROWS];
 #pragma unroll
     for (int q = 0; q < ROWS; ++q) {
@@ -357,11 +439,11 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
   if (partials == nullptr) return;
   // The block's partial row, in column_run's layout. Several groups (warp rows) meet in shared memory first.
   if constexpr (!kInShared) {
-    acc_t* const sums = kGroups == 1 ? partials + blockIdx.x * slots : columns;
+    acc_t* const sums = kGroups == 1 ? partials + row_set * slots : columns;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const int64_t i = t + static_cast<int64_t>(k) * group_size;
-      if (i >= vectors) continue;
+      const int64_t i = begin + t + static_cast<int64_t>(k) * group_size;
+      if (i >= end) continue;
 #pragma unroll
       for (int r = 0; r < kRuns; ++r) {
         store_vector(column_run(sums, vectors, i, r), run_of(dw[k] + r * kRun));
@@ -524,19 +606,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         // x and dy in flight); none (rows_per_sm 0) when its shared memory does not fit a block.
         struct RowPlan {
           double rows_per_sm = 0;
-          std::function<void()> launch;
+          bool split = false;  // rows split over clusters
+          std::function<void(bool prefetch_next)> launch;
         };
         // threads: the block's (BLOCK, or the run-time size of a kAnyBlock block).
+        // cluster: blocks that fold their column sums together; split: blocks a row is split over (either
+        // launches clusters; each cluster writes one partial row).
         const auto plan_rows = [&](auto group, auto block, auto items, auto rows_at_once, auto source, auto sums,
-                                   unsigned threads, int64_t row_grid, int64_t max_grid, auto cluster) {
+                                   unsigned threads, int64_t row_grid, int64_t max_grid, auto cluster, auto split) {
           return with_grad_sum([&](auto grad_sum_given) {
             constexpr unsigned kGroup = decltype(group)::value, kBlock = decltype(block)::value;
             constexpr ColumnSums kSums = decltype(sums)::value;
-            constexpr int kRowsAtOnce = decltype(rows_at_once)::value, kCluster = decltype(cluster)::value;
+            constexpr int kRowsAtOnce = decltype(rows_at_once)::value, kFoldCluster = decltype(cluster)::value;
+            constexpr int kSplit = decltype(split)::value, kCluster = kFoldCluster > 1 ? kFoldCluster : kSplit;
             const auto kernel =
-                row_norm_bwd_rows_kernel<Tuning, kNorm, kGroup, kBlock, decltype(items)::value, kRowsAtOnce, kCluster,
-                                         decltype(source)::value, kSums, decltype(grad_sum_given)::value, scalar_t,
-                                         param_t, acc_t>;
+                row_norm_bwd_rows_kernel<Tuning, kNorm, kGroup, kBlock, decltype(items)::value, kRowsAtOnce,
+                                         kFoldCluster, kSplit, decltype(source)::value, kSums,
+                                         decltype(grad_sum_given)::value, scalar_t, param_t, acc_t>;
             // The groups' column sums in shared memory: all along (ColumnSums::Shared), or where several groups
             // (warp rows) meet at the end.
             constexpr int64_t kGroups = kGroup == kBlock ? 1 : kBlock / kGroup;
@@ -550,16 +636,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
                              : resident_blocks_per_sm(kernel, static_cast<int>(threads), shared_bytes) * sms;
             if (resident == 0) return RowPlan{};
             // A whole number of clusters; a block past the last rows adds nothing.
-            const int64_t blocks = (std::min({row_grid, resident, max_grid}) + kCluster - 1) / kCluster * kCluster;
-            const int64_t in_progress = std::min(blocks * kGroups * kRowsAtOnce, rows);
-            return RowPlan{static_cast<double>(in_progress) / static_cast<double>(sms), [=, &partial_rows] {
+            const int64_t blocks =
+                (std::min({row_grid * kSplit, resident, max_grid}) + kCluster - 1) / kCluster * kCluster;
+            const int64_t in_progress = std::min(blocks / kSplit * kGroups * kRowsAtOnce, rows);
+            return RowPlan{static_cast<double>(in_progress) / static_cast<double>(sms), kSplit > 1,
+                           [=, &partial_rows](bool prefetch_next) {
                              acc_t* partial_ptr = partial_rows(blocks / kCluster);
                              if constexpr (kCluster > 1) {
                                launch_in_clusters(kernel, blocks, threads, shared_bytes, stream, kCluster, dyp, xp, mp,
-                                                  rp, wp, gsp, dxp, rows, cols, partial_ptr);
+                                                  rp, wp, gsp, dxp, rows, cols, partial_ptr, prefetch_next);
                              } else {
                                kernel<<<blocks, threads, shared_bytes, stream>>>(dyp, xp, mp, rp, wp, gsp, dxp, rows,
-                                                                                cols, partial_ptr);
+                                                                                cols, partial_ptr, prefetch_next);
                                C10_CUDA_KERNEL_LAUNCH_CHECK();
                              }
                            }};
@@ -582,6 +670,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         constexpr int64_t kSize = Vec16<scalar_t>::kSize;
         const int64_t vectors = cols / kSize;
         constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+        const int64_t row_bytes = 2 * cols * int64_t{sizeof(scalar_t)};  // a row's x and dy
         RowPlan plan;
         if (aligned && cols % kSize == 0) {
           using Items = std::integral_constant<int, Tuning::template kHeldItems<scalar_t>>;
@@ -589,16 +678,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
             with_row_layout<Tuning, scalar_t, Items::value, Tuning::kMinBackwardBlock>(
                 rows, cols, true, sms * Tuning::kBackwardThreads, [&](auto group, auto block, auto, int64_t row_grid) {
                   plan = plan_rows(group, block, Items(), One(), Held(), InRegisters(), decltype(block)::value,
-                                   row_grid, kNoLimit, One());
+                                   row_grid, kNoLimit, One(), One());
                 });
           }
+          // Rows too wide for the Held kernel: read again from L2 (Reread), or, where an SM's one row in progress
+          // is too large to gain from Tuning::kPrefetchMaxRowBytes's prefetch, split over a cluster of
+          // Tuning::kRowSplit blocks (sm_90 and newer), each holding its share of the row and of the column sums.
           if constexpr (Tuning::template kRereadItems<scalar_t> > 0) {
             using Block = std::integral_constant<unsigned, Tuning::kMaxRowBlock>;
             using Wide = std::integral_constant<int, Tuning::template kRereadItems<scalar_t>>;
+            using SplitBlock = std::integral_constant<unsigned, Tuning::kSplitRowBlock>;
+            using Split = std::integral_constant<int, Tuning::kRowSplit>;
+            static_assert(int64_t{Split::value} * SplitBlock::value * Items::value >=
+                              int64_t{Block::value} * Wide::value,
+                          "a split row's shares fit the Held kernel wherever the Reread kernel's rows do");
             if (!plan.launch && vectors <= int64_t{Tuning::kMaxRowBlock} * Wide::value) {
               TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": too many rows for one launch: ", rows);
-              plan = plan_rows(Block(), Block(), Wide(), One(), Reread(), InRegisters(), Block::value, rows, kNoLimit,
-                               One());
+              if (clusters && row_bytes > Tuning::kPrefetchMaxRowBytes) {
+                plan = plan_rows(SplitBlock(), SplitBlock(), Items(), One(), Held(), InRegisters(), SplitBlock::value,
+                                 rows, kNoLimit, One(), Split());
+              }
+              if (!plan.launch) {
+                plan = plan_rows(Block(), Block(), Wide(), One(), Reread(), InRegisters(), Block::value, rows,
+                                 kNoLimit, One(), One());
+              }
             }
           }
           // The column sums in shared memory instead, where that keeps more rows in progress per SM: a block of
@@ -618,10 +721,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
               return threads <= kWarpSize
                          ? plan_rows(WarpGroup(), WarpBlock(), SharedItems(), One(), Held(), InShared(),
                                      WarpBlock::value, (rows + kWarpGroups - 1) / kWarpGroups, min_rows(kWarpGroups),
-                                     One())
+                                     One(), One())
                          : plan_rows(AnyBlock(), AnyBlock(), SharedItems(), One(), Held(), InShared(),
                                      static_cast<unsigned>((threads + kWarpSize - 1) / kWarpSize * kWarpSize), rows,
-                                     min_rows(1), cluster);
+                                     min_rows(1), cluster, One());
             });
             // Short rows: a block of one vector a thread takes two rows at once (Tuning::kRowPairsMaxBlock).
             const int64_t pair_threads = (vectors + kWarpSize - 1) / kWarpSize * kWarpSize;
@@ -630,7 +733,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
               using Two = std::integral_constant<int, 2>;
               RowPlan pairs = with_cluster([&](auto cluster) {
                 return plan_rows(AnyBlock(), AnyBlock(), OneItem(), Two(), Held(), InShared(),
-                                 static_cast<unsigned>(pair_threads), (rows + 1) / 2, min_rows(1), cluster);
+                                 static_cast<unsigned>(pair_threads), (rows + 1) / 2, min_rows(1), cluster, One());
               });
               if (pairs.rows_per_sm >= shared.rows_per_sm) shared = std::move(pairs);
             }
@@ -639,7 +742,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         }
         const bool launched = static_cast<bool>(plan.launch);
         if (launched) {
-          plan.launch();
+          // A split row's blocks always prefetch their shares (a quarter of a row each).
+          plan.launch(plan.split || (plan.rows_per_sm <= 1.0 && cols >= Tuning::kPrefetchMinColumns &&
+                                     row_bytes <= Tuning::kPrefetchMaxRowBytes));
           partial_vectors = vectors;
           partial_run = Vec16<acc_t>::kSize;
         }
