@@ -265,9 +265,9 @@ def float64_norm_grads(name, s, w, b, grad):
 def test_backward_kernel_layouts(rows, hidden, dtype, name):
     """Shapes on which the backward keeps its column sums in shared memory (many rows: two rows at a time in
     blocks of one vector a thread for 1024 and bfloat16 1600, an odd row count leaving the last pair one row short;
-    blocks of 160 threads for 2560, warp rows for 256) or in registers (3001 x 768; rows of 8200 and 18440 split
-    over clusters of two and four blocks, the last block's share shorter), every norm, the fused ones' grad_sum
-    included: against float64, and the parameter gradients the same bits on a second run."""
+    blocks of 160 threads for 2560, warp rows for 256) or in registers (3001 x 768; 8200, one row an SM; 18440,
+    each row split over a cluster of four blocks, the last block's share shorter), every norm, the fused ones'
+    grad_sum included: against float64, and the parameter gradients the same bits on a second run."""
     x, r = (torch.randn(rows, hidden, device="cuda").to(dtype).requires_grad_() for _ in range(2))
     w, b = make_params((hidden,), dtype, "cuda", True, True)
     layer, fused = "layer" in name, name.startswith("add")
