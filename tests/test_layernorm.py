@@ -296,6 +296,32 @@ def test_backward_kernel_layouts(rows, hidden, dtype, name):
         assert torch.equal(g, h)
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype,hidden,param_dtype", [(torch.bfloat16, 20472, torch.float32),
+                                                     (torch.bfloat16, 20472, None), (torch.float32, 16392, None)],
+                         ids=str)
+def test_backward_split_rows_mixed_and_plain(dtype, hidden, param_dtype):
+    """Rows the backward splits over a cluster's four blocks (16-bit rows above 18432 columns, float32 above
+    12288), two rows a cluster: with float32 weight and bias beside a bfloat16 input (mixed precision), and with
+    none; LayerNorm and RMSNorm against float64."""
+    x = torch.randn(130, hidden, device="cuda").to(dtype)
+    weight, bias = make_params((hidden,), param_dtype, "cuda", True, True) if param_dtype else (None, None)
+    check(x, (hidden,), weight, bias)
+    xs = x.detach().requires_grad_()
+    leaves = [t for t in (xs, weight) if t is not None]
+    out = torch_reduce.rms_norm(xs, (hidden,), weight, 1e-6)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, leaves, grad)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref = F.rms_norm(leaves64[0], (hidden,), leaves64[1] if weight is not None else None, 1e-6)
+    want = torch.autograd.grad(ref, leaves64, grad.double())
+    torch.testing.assert_close(out, ref.to(dtype), **TOL[dtype])
+    torch.testing.assert_close(got[0], want[0].to(dtype), **TOL[dtype])
+    for g, w64 in zip(got[1:], want[1:]):
+        scale = max(1.0, w64.abs().max().item())
+        torch.testing.assert_close(g.double() / scale, w64 / scale, **SUM_TOL[dtype], check_dtype=False)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(NORM_CALLS))
 def test_backward_graph_behaves_as_torchs(name, device):
