@@ -97,9 +97,9 @@ struct HopperTuning {
   // An SM with one row in progress waits on that row's reduction with none of the next row's loads in flight; the
   // row kernel then asks L2 for the group's next row first (one bulk prefetch), for rows of at least
   // kPrefetchMinColumns whose x and dy are at most kPrefetchMaxRowBytes. H200, graph replay, the backward op
-  // alone, against no prefetch, two runs: bfloat16 rows of 12288 and 18432 (48 and 72 KiB) 1.10-1.16x at
+  // alone, against no prefetch, two runs: bfloat16 rows of 12288 and 18432 (48 and 72 KiB) 1.09-1.17x at
   // 2048-16384 rows (1.03-1.05x at 1024); float32 8192 (64 KiB) 0.95-1.03x, and in the benchmark after it
-  // 0.91-1.03x (0.93x at 65536 rows): left out; float32 12288 (96 KiB) 0.89-0.97x, 18432 (144 KiB) 0.78-0.86x.
+  // 0.91-1.03x (0.93x at 65536 rows): left out; float32 12288 (96 KiB) 0.89-0.97x, 18432 (144 KiB) 0.76-0.86x.
   // Where several rows are in progress it lost (RMSNorm bfloat16 65536x5120 0.83x).
   static constexpr int64_t kPrefetchMinColumns = 12288;
   static constexpr int64_t kPrefetchMaxRowBytes = 72 * 1024;
@@ -109,9 +109,9 @@ struct HopperTuning {
   // combined through distributed shared memory, each block prefetching its share of its next row: two blocks
   // (two rows' quarters) in progress per SM, where the Reread kernel keeps one row and reads it twice. H200,
   // graph replay, against the Reread kernel: float32 1024-16384 x 18432 LayerNorm 1.28-1.33x (16384 rows
-  // 1382 -> 1063 us, 58% -> 75% of the line), RMSNorm 1.16-1.20x; split without the prefetch 1.14-1.18x and
-  // 1.06-1.08x. bfloat16 18432 (72 KiB) gained less split (1.02-1.12x) than prefetched (1.10-1.16x), and
-  // splitting rows that the Held kernel holds lost (float32 8192 and 12288 0.76-0.90x).
+  // 1382 -> 1063 us), RMSNorm 1.16-1.20x; split without the prefetch 1.14-1.18x and
+  // 1.06-1.08x. bfloat16 18432 (72 KiB) gained less split (1.02-1.12x) than prefetched (1.09-1.17x), and
+  // splitting rows that the Held kernel holds lost (float32 8192 and 12288 0.76-0.92x).
   static constexpr int kRowSplit = 4;
   static constexpr unsigned kSplitRowBlock = 256;
   // Column fold: a tile of kFoldTile partial-row slots per block, kFoldLanes lanes striding over the chunks.
