@@ -10,6 +10,8 @@
 #   scripts/gpu_check.sh [--quick] [--steps build,test,wheel,sanitize,ncu,profile,bench,two-gpu] [--tests "tests/a.py ..."]
 #                        [--sections ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm,host] [--gpus 1|2]
 #   scripts/gpu_check.sh --layernorm-quick   # build, then the quick LayerNorm section alone
+#   scripts/gpu_check.sh --prebuilt ...      # the extension built by scripts/prebuild_for_gpu.sh (carry .prebuilt)
+#                                            # instead of the build step; built here if it does not load
 #   scripts/gpu_check.sh --gpus 2            # two GPUs: build, then tests/test_two_gpus.py and
 #                                            # tests/test_distributed.py, then the distributed training check and
 #                                            # benchmark (python -m torch_reduce.bench.distributed) on 2 ranks
@@ -24,8 +26,10 @@ GPUS=1
 SECTIONS=ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm,host
 QUICK=
 TESTS=tests
+PREBUILT=
 while [ $# -gt 0 ]; do
   case "$1" in
+    --prebuilt) PREBUILT=1 ;;
     --quick) QUICK=--quick ;;
     --layernorm-quick) STEPS=build,bench SECTIONS=layernorm QUICK=--quick ;;
     --steps) STEPS=$2; shift ;;
@@ -85,6 +89,16 @@ if [ -e "${wheels[0]}" ]; then
   if step wheels 120 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}"; then
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     note "wheels installed: ${wheels[*]#.whl/}"
+  fi
+fi
+if [ -n "$PREBUILT" ]; then
+  cp .prebuilt/_C.abi3.so .prebuilt/_build_info.py torch_reduce/ 2>/dev/null
+  if python3 -c 'import torch, torch_reduce; torch_reduce.sum(torch.ones(3, device="cuda"))' >"$WORK/logs/prebuilt.log" 2>&1; then
+    note "prebuilt: $(cat .prebuilt/HEAD 2>/dev/null) diff $(cut -c1-12 .prebuilt/diff 2>/dev/null), loaded"
+    STEPS=$(echo ",$STEPS," | sed 's/,build,/,/; s/^,//; s/,$//')
+  else
+    note "prebuilt: did not load (logs/prebuilt.log), building here"
+    STEPS=build,$STEPS
   fi
 fi
 if want build; then

@@ -33,6 +33,12 @@ for name in ("sum", "mean", "amax", "amin", "prod", "vector_norm"):
     call(apart, (0, 2, 3))
     call(apart.contiguous(memory_format=torch.channels_last), (1, 2))
     call(apart.bfloat16(), (0, 2))
+# Narrow-row tiles, several a block; rows of 392 vectors a warp each (enough rows for every resident warp); 8
+# bfloat16 columns a thread, the reduced extent in one slice.
+for t in (torch.randn(1_500_001, 3, device="cuda"), torch.randn(9000, 3136, device="cuda").bfloat16()):
+    torch_reduce.sum(t, -1)
+    torch_reduce.amax(t, -1)
+torch_reduce.sum(torch.randn(3, 8, 2**21, device="cuda").bfloat16(), 1)
 # LayerNorm, RMSNorm and var_mean: one shape per row layout of each kernel (warp rows, blocks of 128/256/512, the
 # backward's wide rows, streaming rows with shared-memory or global column sums), mixed-precision parameters,
 # and a misaligned view.

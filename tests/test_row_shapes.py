@@ -87,3 +87,52 @@ def test_narrow_rows_deterministic_and_large():
         first = torch_reduce.sum(x, -1)
         assert torch.equal(first, torch_reduce.sum(x, -1))
         assert torch.allclose(first.double(), x.double().sum(-1), rtol=1e-6, atol=1e-6)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_long_rows_a_warp_each(dtype):
+    """Rows of 257 to 1024 16-byte vectors take a warp each where there are at least as many rows as the GPU holds
+    warps (H200: 8,448), else a block each: both sides of the row count and of the length (1024 vectors and one
+    more), an odd length (its head and tail elements around the vectors), and a view 2 bytes past 16-byte
+    alignment."""
+    per_vector = 16 // (4 if dtype == torch.float32 else 2)
+    for rows in (20011, 3001):
+        for K in (257 * per_vector, 3136, 3137, 1024 * per_vector, 1024 * per_vector + 1):
+            x = random_tensor((rows, K), dtype, "cuda")
+            _check_sum_like(x, -1, torch_reduce.sum(x, -1), torch_reduce.amax(x, -1))
+    storage = random_tensor((20011 * 3136 + 1,), dtype, "cuda")
+    x = storage[1:].view(20011, 3136)
+    _check_sum_like(x, -1, torch_reduce.sum(x, -1), torch_reduce.amax(x, -1))
+    assert torch.equal(torch_reduce.sum(x, -1), torch_reduce.sum(x, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int8], ids=str)
+@pytest.mark.parametrize("N", [1, 4, 7, 8, 12, 24])
+def test_column_widths(N, dtype, device):
+    """Over a middle dim the GPU gives a thread 4 adjacent columns where N and the address allow, else 1; every
+    width, from an aligned start and from one element past it, with reduced extents of one partial round of
+    loads and of many, and with the extent split over blocks (a long one beside few columns)."""
+    for K in (5, 131, 20000):
+        storage = random_tensor((3 * K * N + 1,), dtype, device)
+        for x in (storage[:-1].view(3, K, N), storage[1:].view(3, K, N)):
+            _check_columns(x)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int8, torch.float32], ids=str)
+def test_wide_columns(dtype):
+    """16-bit and byte inputs whose column groups of 8 fill the GPU alone (3 x 2^21 columns) take 8 columns a
+    thread and the reduced extent in one slice; one element past alignment they take 1."""
+    storage = random_tensor((3 * 5 * 2**21 + 1,), dtype, "cuda")
+    for x in (storage[:-1].view(3, 5, 2**21), storage[1:].view(3, 5, 2**21)):
+        _check_columns(x)
+
+
+def _check_columns(x):
+    if x.dtype == torch.int8:
+        assert torch.equal(torch_reduce.sum(x, 1), torch.sum(x, 1))
+        assert torch.equal(torch_reduce.amax(x, 1), torch.amax(x, 1))
+    else:
+        _check_sum_like(x, 1, torch_reduce.sum(x, 1), torch_reduce.amax(x, 1))

@@ -3,12 +3,12 @@
 // (B, K, N), every one through the same kernels, driven by its ops object (common/reduce_ops.h):
 //   B * N == 1: the whole tensor, launch_device_reduce (full_reduce.cuh), single pass;
 //   N == 1:     rows of K contiguous elements. Narrow rows: tiles of whole rows through shared memory; short
-//               rows: G lanes per row (G = 1..32, from K), several rows per warp, warp_reduce<G>; long rows:
-//               one block per row, block_reduce; long rows but few of them: each row split over several
-//               blocks;
-//   N > 1:      columns: each thread owns 1 or 4 adjacent columns and walks K; the block's threadIdx.y
-//               slices are folded through shared memory; K split over blockIdx.y when B * N cannot fill
-//               the GPU.
+//               rows: G lanes per row (G = 1..32, from K), several rows per warp, warp_reduce<G>, and longer
+//               rows a warp each too where they are many; long rows: one block per row, block_reduce; long
+//               rows but few of them: each row split over several blocks;
+//   N > 1:      columns: each thread owns 1, 4 or (16-bit and byte types, where they fill the GPU) 8 adjacent
+//               columns and walks K; the block's threadIdx.y slices are folded through shared memory; K split
+//               over blockIdx.y when B * N cannot fill the GPU.
 // Split partials (rows or columns) are folded in the same launch by the last block of each row or column
 // block to finish, as the single-pass full reduction does (a ticket a row or column block): a second launch
 // and its host time cost more than the fold (H200, one eager call: (128, 512, 64) over dim 1 took 20.9 us
@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "common/dispatch.h"
 #include "cuda/block_reduce.cuh"
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
 }
 
 // Narrow rows (K elements, fewer than kTileRowBytes bytes): a lane per row would keep one or two small loads
-// in flight. Instead a block reads a tile of kTileRows whole rows, one contiguous run of 16-byte vectors
+// in flight. Instead a block reads a tile of whole rows (tile_rows), one contiguous run of 16-byte vectors
 // (kTileVectors a thread, all issued before any is used), into shared memory; then each thread folds its
 // rows from there, left to right from the identity (the CPU kernel's order), and writes them. The tile's
 // rows are a multiple of the vector width, so every tile starts aligned.
@@ -200,7 +201,12 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops op
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
-  if (vectors <= Tuning::kMaxGroupRowVectors) {
+  // Rows longer than kMaxGroupRowVectors, up to kMaxWarpRowVectors, also take a warp each where they are enough
+  // to give every resident warp one: no block barrier between a row's loads and the next row's.
+  if (vectors <= Tuning::kMaxGroupRowVectors ||
+      (vectors <= Tuning::kMaxWarpRowVectors &&
+       rows >= resident_blocks<Tuning>(row_group_kernel<Tuning, 32, scalar_t, acc_t, out_t, Ops>) *
+                   (Tuning::kDimBlock / kWarpSize))) {
     // One vector per lane up to 32 lanes (K = 32 floats: 8 lanes, 4 rows per warp); then more per lane.
     const int64_t lanes = std::min<int64_t>(kWarpSize, next_power_of_two(vectors));
     const bool one_vector_per_lane =
@@ -261,45 +267,62 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
   for (int c = 0; c < C; ++c) acc[c] = Ops::identity();
   if (active) {
     const scalar_t* column = in + b * K * N + n;
-    int64_t k = k_begin + threadIdx.y;
+    // Rounds of kInFlight rows, their loads issued before any is folded. The last, partial round too: a row past
+    // the split loads the split's last row instead (in bounds) and its fold is dropped; one row at a time, a
+    // thread of (7, 2^20) over dim 0 waited for three loads one after another. Whole rounds test no bounds. H200,
+    // graph replay, with every round tested: amax over (768, 65536) dim 0 67.2 us against 59.0 untested, (4096,
+    // 4096) over dim 0 25.4 against 22.9, but (32, 2^24) over dim 0 faster, sum 511 against 595 us (ptxas, CUDA
+    // 13.0: this form issues a round's four loads two at a time; an open lead).
     constexpr int kInFlight = Tuning::kColumnLoadsInFlight;
-    for (; k + (kInFlight - 1) * step < k_end; k += kInFlight * step) {
+    const auto fold_round = [&](int64_t k, auto partial) {
       Load v[kInFlight];
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) v[u] = *reinterpret_cast<const Load*>(column + (k + u * step) * N);
+      for (int u = 0; u < kInFlight; ++u) {
+        const int64_t row = k + u * step;
+        v[u] = *reinterpret_cast<const Load*>(column + (decltype(partial)::value && row >= k_end ? k_end - 1 : row) * N);
+      }
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u)
+      for (int u = 0; u < kInFlight; ++u) {
+        if (decltype(partial)::value && k + u * step >= k_end) break;
 #pragma unroll
         for (int c = 0; c < C; ++c) acc[c] = ops(acc[c], load_element<acc_t>(ops, v[u].value[c]));
-    }
-    for (; k < k_end; k += step) {
-      const Load v = *reinterpret_cast<const Load*>(column + k * N);
-#pragma unroll
-      for (int c = 0; c < C; ++c) acc[c] = ops(acc[c], load_element<acc_t>(ops, v.value[c]));
-    }
+      }
+    };
+    int64_t k = k_begin + threadIdx.y;
+    for (; k + (kInFlight - 1) * step < k_end; k += kInFlight * step) fold_round(k, std::false_type());
+    if (k < k_end) fold_round(k, std::true_type());
   }
 
-  __shared__ acc_t slices[Tuning::kDimBlock][C];
+  // The slices' sums, then the partials, move as whole runs of C (16-byte accesses where they are that wide):
+  // one value at a time, C apart, a warp's shared-memory accesses were C-way bank conflicts and each of its
+  // loads of the partials touched a sector a lane.
+  using Sums = Columns<C, acc_t>;
+  __shared__ Sums slices[Tuning::kDimBlock];
   const unsigned slot = threadIdx.y * blockDim.x + threadIdx.x;
   const auto fold_slices = [&](const auto& op) {
+    Sums mine;
 #pragma unroll
-    for (int c = 0; c < C; ++c) slices[slot][c] = acc[c];
+    for (int c = 0; c < C; ++c) mine.value[c] = acc[c];
+    slices[slot] = mine;
     __syncthreads();
     for (unsigned s = blockDim.y / 2; s > 0; s >>= 1) {
       if (threadIdx.y < s) {
+        const Sums other = slices[slot + s * blockDim.x];
 #pragma unroll
-        for (int c = 0; c < C; ++c) slices[slot][c] = op(slices[slot][c], slices[slot + s * blockDim.x][c]);
+        for (int c = 0; c < C; ++c) mine.value[c] = op(mine.value[c], other.value[c]);
+        slices[slot] = mine;
       }
       __syncthreads();
     }
   };
   fold_slices(ops);
   const int64_t first_output = b * N + n;
+  // partials[split] + first_output is C-aligned: N and n are multiples of C.
+  const auto partial = [&](int64_t split) { return reinterpret_cast<Sums*>(partials + split * outer * N + first_output); };
   if (gridDim.y > 1) {
     __shared__ bool last_split;
     if (threadIdx.y == 0 && active) {
-#pragma unroll
-      for (int c = 0; c < C; ++c) partials[blockIdx.y * outer * N + first_output + c] = slices[slot][c];
+      *partial(blockIdx.y) = slices[slot];
       __threadfence();  // the partials are visible before the ticket says they are there
     }
     __syncthreads();
@@ -311,36 +334,59 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
     for (int c = 0; c < C; ++c) acc[c] = Ops::identity();
     if (active) {
       for (int64_t y = threadIdx.y; y < gridDim.y; y += step) {
+        Sums p;
+        if constexpr (sizeof(Sums) % 16 == 0) {
+          p = load_from_l2(partial(y));
+        } else {
 #pragma unroll
-        for (int c = 0; c < C; ++c) acc[c] = fold(acc[c], load_from_l2(partials + y * outer * N + first_output + c));
+          for (int c = 0; c < C; ++c) p.value[c] = load_from_l2(partial(y)->value + c);
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c] = fold(acc[c], p.value[c]);
       }
     }
     fold_slices(fold);
     if (slot == 0) tickets[blockIdx.x] = 0;  // ready for the next launch that uses it
   }
   if (threadIdx.y != 0 || !active) return;
+  const Sums result = slices[slot];
 #pragma unroll
-  for (int c = 0; c < C; ++c) out[first_output + c] = static_cast<out_t>(project_result(ops, slices[slot][c]));
+  for (int c = 0; c < C; ++c) out[first_output + c] = static_cast<out_t>(project_result(ops, result.value[c]));
 }
 
 template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
 void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out_t* out, Ops ops,
                     cudaStream_t stream) {
-  // Four columns a thread when every slab's row starts at a multiple of four elements (one 16-byte load
-  // for float32), else one.
-  constexpr int kFour = 4;
-  const bool four = N % kFour == 0 && reinterpret_cast<uintptr_t>(in) % (kFour * sizeof(scalar_t)) == 0;
-  const int64_t groups = outer * N / (four ? kFour : 1);
-  // Slices of K (by): as many as leave each thread kColumnLoadsInFlight rows, at most Tuning::kDimBlock / 32; the rest of
-  // the block takes more columns. (7, 2^20) over dim 0: 2 slices of 128 columns, not 8 slices of which 1 idles.
+  // A thread's columns: 4 adjacent ones where every slab's row starts at a multiple of 4 elements (one 16-byte
+  // load for float32), else 1; 16-bit (and byte) types take 16 bytes' worth (8) where those groups alone fill the
+  // resident threads: (32, 2^24) bfloat16 over dim 0 read 8 bytes a load at 69% of the line, float32 at 87%.
+  // Elsewhere the wider groups halve the blocks, so that more splits of K fill the GPU, and the last block's fold
+  // of the partials grows: 8 columns a thread everywhere ran bfloat16 (8192, 1024) over dim 0 at 0.62x, (64,
+  // 256, 56, 56) channels_last over (0, 2, 3) at 0.49x the 4.
+  constexpr int kWide = std::max<int>(4, std::min<int>(8, 16 / static_cast<int>(sizeof(scalar_t))));
+  const auto fits = [&](int64_t c) { return N % c == 0 && reinterpret_cast<uintptr_t>(in) % (c * sizeof(scalar_t)) == 0; };
+  const auto kernel_of = [](int64_t c) {
+    return c == kWide ? column_kernel<Tuning, kWide, scalar_t, acc_t, out_t, Ops>
+         : c == 4     ? column_kernel<Tuning, 4, scalar_t, acc_t, out_t, Ops>
+                      : column_kernel<Tuning, 1, scalar_t, acc_t, out_t, Ops>;
+  };
+  const auto resident_threads = [&](int64_t c) { return resident_blocks<Tuning>(kernel_of(c)) * Tuning::kDimBlock; };
+  const int64_t C = kWide > 4 && fits(kWide) && outer * N / kWide >= resident_threads(kWide) ? kWide : fits(4) ? 4 : 1;
+  const int64_t groups = outer * N / C;
+  const auto kernel = kernel_of(C);
+  // Slices of K (by): as many as leave each thread kColumnLoadsInFlight rows, at most Tuning::kDimBlock / 32, and
+  // no more than the resident threads hold beside the column groups; the rest of the block takes more columns.
+  // (768, 65536) float32 over dim 0: 8 slices of 32 column groups. Where the groups alone fill the GPU, one slice:
+  // (32, 2^24) over dim 0 in 8 slices ran blocks of one round of loads each, whose barriers and fold took a large
+  // share of their time (float32 sum at 87% of the line, prod 60%).
   constexpr int64_t kInFlight = Tuning::kColumnLoadsInFlight;
-  const int64_t by = std::min<int64_t>(Tuning::kDimBlock / std::min<int64_t>(kWarpSize, next_power_of_two(groups)),
-                                       next_power_of_two(ceil_div(K, kInFlight)));
+  int64_t spare_slices = 1;
+  while (spare_slices * 2 * groups <= resident_threads(C)) spare_slices *= 2;
+  const int64_t by = std::min<int64_t>({Tuning::kDimBlock / std::min<int64_t>(kWarpSize, next_power_of_two(groups)),
+                                        next_power_of_two(ceil_div(K, kInFlight)), spare_slices});
   const int64_t bx = std::min<int64_t>(Tuning::kDimBlock / by, next_power_of_two(groups));
   const int64_t blocks = ceil_div(groups, bx);
   TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many columns for one launch");
-  auto kernel = four ? column_kernel<Tuning, kFour, scalar_t, acc_t, out_t, Ops>
-                     : column_kernel<Tuning, 1, scalar_t, acc_t, out_t, Ops>;
   int64_t splits = choose_splits(blocks, resident_blocks<Tuning>(kernel), std::max<int64_t>(1, K / (by * Tuning::kMinRowsPerThread)));
   const int64_t rows_per_split = ceil_div(K, splits);
   splits = ceil_div(K, rows_per_split);

@@ -79,8 +79,13 @@ __device__ __forceinline__ T load_from_l2(const T* p) {
   } else {
     static_assert(sizeof(T) % 4 == 0, "accumulator structs are loaded as 4-byte words");
     T v;
-    for (unsigned k = 0; k < sizeof(T) / 4; ++k)
-      reinterpret_cast<unsigned*>(&v)[k] = __ldcg(reinterpret_cast<const unsigned*>(p) + k);
+    if constexpr (sizeof(T) % 16 == 0 && alignof(T) >= 16) {  // 16-byte runs (column_kernel's partials)
+      for (unsigned k = 0; k < sizeof(T) / 16; ++k)
+        reinterpret_cast<uint4*>(&v)[k] = __ldcg(reinterpret_cast<const uint4*>(p) + k);
+    } else {
+      for (unsigned k = 0; k < sizeof(T) / 4; ++k)
+        reinterpret_cast<unsigned*>(&v)[k] = __ldcg(reinterpret_cast<const unsigned*>(p) + k);
+    }
     return v;
   }
 }
