@@ -271,8 +271,10 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
     // the split loads the split's last row instead (in bounds) and its fold is dropped; one row at a time, a
     // thread of (7, 2^20) over dim 0 waited for three loads one after another. Whole rounds test no bounds. H200,
     // graph replay, with every round tested: amax over (768, 65536) dim 0 67.2 us against 59.0 untested, (4096,
-    // 4096) over dim 0 25.4 against 22.9, but (32, 2^24) over dim 0 faster, sum 511 against 595 us (ptxas, CUDA
-    // 13.0: this form issues a round's four loads two at a time; an open lead).
+    // 4096) over dim 0 25.4 against 22.9, but (32, 2^24) over dim 0 faster, sum 511 against 595 us. ptxas (CUDA
+    // 13.0) issues this form's four loads two at a time (float32 sum: 32 registers). A warp barrier after the
+    // loads made it issue all four (42 registers): (32, 2^24) float32 sum 595 -> 511 us, but bfloat16 358 -> 430,
+    // (768, 65536) sum over dim 0 54.5 -> 61.3, (3000, 5000) and (4096, 4096) over dim 0 4-16% slower: not kept.
     constexpr int kInFlight = Tuning::kColumnLoadsInFlight;
     const auto fold_round = [&](int64_t k, auto partial) {
       Load v[kInFlight];
