@@ -23,8 +23,8 @@ struct HopperTuning {
   static constexpr int64_t kMaxGroupRowVectors = 32 * 8;
   // Longer rows, up to this many vectors, a warp each too where there are at least as many rows as resident
   // warps: a block a row kept few loads in flight between its barriers. H200, graph replay, (64, 256, 56, 56)
-  // over (2, 3), rows of 3136: bfloat16 sum 44.4 -> 29.7 us (0.70x -> 1.02x torch), float32 amax 71.2 -> 57.9
-  // (0.76x -> 0.93x); float32 sum lost, 50.0 -> 52.3 us (1.08x -> 1.02x).
+  // over (2, 3), rows of 3136: bfloat16 sum 44.4 -> 30.7 us (0.70x -> 1.03x torch), float32 amax 71.2 -> 59.7
+  // (0.76x -> 0.92x); float32 sum lost, 50.0 -> 52.8 us (1.08x -> 1.03x).
   static constexpr int64_t kMaxWarpRowVectors = 32 * 32;
   // Rows that are exactly one vector a lane: rows a lane loads before folding any (loads in flight).
   static constexpr int kRowSets = 4;
