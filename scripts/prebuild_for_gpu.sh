@@ -27,7 +27,8 @@ fi
 git ls-files -z | xargs -0 cp -u --parents -t "$MIRROR/"
 (cd "$MIRROR" && PYTHONPATH="$SITE" TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)} \
   python3 setup.py -q build_ext --inplace)
-PYTHONPATH="$SITE:$MIRROR" python3 -c "import torch, torch_reduce; print('built against torch', torch.__version__)"
+# From the mirror, so that its torch_reduce (with _C) is the one imported, not a source tree without a build.
+(cd "$MIRROR" && PYTHONPATH="$SITE" python3 -c "import torch, torch_reduce; print('built against torch', torch.__version__)")
 rm -rf .prebuilt && mkdir -p .prebuilt
 cp "$MIRROR/torch_reduce/_C.abi3.so" "$MIRROR/torch_reduce/_build_info.py" .prebuilt/
 git rev-parse HEAD >.prebuilt/HEAD

@@ -46,7 +46,13 @@
 //   2% at 13 shapes, LayerNorm and RMSNorm; one vector a thread at 1024 threads per SM: 0.59-1.09x;
 // - bfloat16 unpacked by shift and mask (11% fewer instructions, ptxas): 0-3% slower;
 // - the shared-memory sums in power-of-two blocks: a row of 2560 or 5120 left a block's threads idle, 0.92-0.96x
-//   the register kernel there.
+//   the register kernel there;
+// - the column-sum terms added in the first pass, before the row's barrier (the second pass dx alone), and no
+//   grad_sum add without one: 0.96-1.05x over 32 LayerNorm/RMSNorm cases (geomean 1.00; ncu, bfloat16
+//   16384x4096: 38.1 -> 37.4 instructions an element, an instruction issued in 65-66% of cycles);
+// - 4 vectors a thread at 512 threads per SM for the shared-memory sums (half the per-row reduction and
+//   indexing per element, 100-120 registers): 0.90-0.94x where it changed the plan (bfloat16 16384x4096,
+//   8192x8192, float32 16384x4096).
 // Nsight Compute, bfloat16 16384x4096, sums in registers: 121 registers, 4 warps per scheduler (1.2 eligible),
 // an instruction issued in 57% of cycles, DRAM 50% busy, the top stall (30%) a wait on L1TEX. Sums in shared
 // memory (the kernel chosen there): 64 registers, 6.7 warps per scheduler (2.3 eligible), an instruction issued in

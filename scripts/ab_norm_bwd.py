@@ -1,0 +1,56 @@
+"""The norm backward ops alone, GPU time in graph replay (torch_reduce.bench.timing), one JSON line a case: for
+comparing two builds of the extension in one session (run this once per build, alternating).
+
+    python3 scripts/ab_norm_bwd.py --label new [--cases bfloat16:16384x4096,...]
+"""
+import argparse
+import json
+
+import torch
+
+import torch_reduce  # noqa: F401  (registers torch.ops.reduce)
+from torch_reduce.bench.timing import rotation, time_graph
+
+CASES = ("bfloat16:1024x4096,bfloat16:2048x2560,bfloat16:16384x1600,bfloat16:65536x768,bfloat16:65536x1024,"
+         "bfloat16:4096x5120,bfloat16:16384x4096,bfloat16:8192x8192,bfloat16:16384x12288,bfloat16:4096x18432,"
+         "float32:4096x1600,float32:65536x1024,float32:16384x4096,float32:8192x8192,float32:65536x2560,"
+         "float32:4096x18432")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--label", required=True)
+    parser.add_argument("--cases", default=CASES)
+    parser.add_argument("--line", type=float, default=4642.0, help="GB/s, for %% of the line")
+    args = parser.parse_args()
+    for case in args.cases.split(","):
+        dtype_name, shape = case.split(":")
+        rows, hidden = map(int, shape.split("x"))
+        dtype = getattr(torch, dtype_name)
+        nbytes = rows * hidden * dtype.itemsize
+        w = torch.randn(hidden, device="cuda", dtype=dtype)
+        b = torch.randn(hidden, device="cuda", dtype=dtype)
+
+        def make():
+            x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+            _, mean, rstd = torch.ops.reduce.layer_norm_fwd(x, [hidden], w, b, 1e-5)
+            _, rms = torch.ops.reduce.rms_norm_fwd(x, [hidden], w, 1e-5)
+            return x, torch.randn_like(x), mean, rstd, rms
+
+        inputs = rotation(make, 2 * nbytes)
+        ops = {
+            "layer_norm": lambda s: torch.ops.reduce.layer_norm_bwd(s[1], s[0], [hidden], s[2], s[3], w, b,
+                                                                    [True, True, True]),
+            "rms_norm": lambda s: torch.ops.reduce.rms_norm_bwd(s[1], s[0], [hidden], s[4], w, [True, True]),
+        }
+        for op, fn in ops.items():
+            ms = time_graph(fn, inputs).median_ms
+            line = 3 * nbytes / (ms * 1e-3) / 1e9 / args.line * 100
+            print(json.dumps({"label": args.label, "op": op, "case": case, "us": round(ms * 1e3, 2),
+                              "line_pct": round(line, 1)}), flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
