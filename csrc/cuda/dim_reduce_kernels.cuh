@@ -275,6 +275,10 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
     // 13.0) issues this form's four loads two at a time (float32 sum: 32 registers). A warp barrier after the
     // loads made it issue all four (42 registers): (32, 2^24) float32 sum 595 -> 511 us, but bfloat16 358 -> 430,
     // (768, 65536) sum over dim 0 54.5 -> 61.3, (3000, 5000) and (4096, 4096) over dim 0 4-16% slower: not kept.
+    // A float max (one instruction, reduce_ops.h) gets the same two-at-a-time issue. Folding each round's rows last
+    // first (the first add needs the last load, so all four are issued first; 32 -> 38-48 registers): (32, 2^24)
+    // over dim 0 float32 sum, mean and amax 504-515 us against 585-616, (8192, 1024) 1.06x, but (4096, 4096),
+    // (3000, 5000) and (768, 65536) over dim 0 0.85-0.92x (logs/bench-dims-reversed-fold.log): not kept.
     constexpr int kInFlight = Tuning::kColumnLoadsInFlight;
     const auto fold_round = [&](int64_t k, auto partial) {
       Load v[kInFlight];
