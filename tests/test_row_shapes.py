@@ -123,11 +123,14 @@ def test_column_widths(N, dtype, device):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int8, torch.float32], ids=str)
 def test_wide_columns(dtype):
-    """16-bit and byte inputs whose column groups of 8 fill the GPU alone (3 x 2^21 columns) take 8 columns a
-    thread and the reduced extent in one slice; one element past alignment they take 1."""
-    storage = random_tensor((3 * 5 * 2**21 + 1,), dtype, "cuda")
-    for x in (storage[:-1].view(3, 5, 2**21), storage[1:].view(3, 5, 2**21)):
-        _check_columns(x)
+    """Column groups that fill the GPU alone (3 x 2^21 columns; 16-bit and byte inputs take 8 columns a thread
+    there, stored as one 16-byte result) take the reduced extent in one slice: an extent of one partial round of
+    loads (5), of several rounds and a partial one (37), and one split over blocks (64 rows, columns for one to
+    two waves of blocks); one element past alignment they take 1 column a thread."""
+    for shape in ((3, 5, 2**21), (1, 37, 2**22), (1, 64, 800_000)):
+        storage = random_tensor((math.prod(shape) + 1,), dtype, "cuda")
+        for x in (storage[:-1].view(shape), storage[1:].view(shape)):
+            _check_columns(x)
 
 
 def _check_columns(x):

@@ -41,10 +41,17 @@ int64_t resident_blocks(Kernel kernel) {
 // Into how many splits to cut the reduced extent when `blocks` blocks cover the outputs once. Equal
 // blocks finish in waves of `resident`: the time goes as ceil(blocks * s / resident) / s, so (8192, 1024)
 // over dim 0, 8 blocks, gets a whole wave's worth of splits, and 1.2 waves of blocks get 5 splits (1.2
-// waves, not 2). The fewest splits within 2% of the best; at most max_splits (work per thread).
-inline int64_t choose_splits(int64_t blocks, int64_t resident, int64_t max_splits) {
+// waves, not 2). Each split also writes its partials and the fold reads them back: split_share is that
+// traffic, per split, as a share of the input's bytes, and weighs the time. Left out, (32, 2^24) over dim 0
+// (15.5 waves) took 3 splits (float32; bfloat16 2): 19% (25%) more bytes than the input, for 3% fewer waves.
+// H200, graph replay, 3 (2) splits -> 1: float32 sum 589 -> 513 us, bfloat16 321 -> 256 (torch 518 and 272).
+// The fewest splits within 2% of the best; at most max_splits (work per thread).
+inline int64_t choose_splits(int64_t blocks, int64_t resident, int64_t max_splits, double split_share) {
   const int64_t limit = std::min<int64_t>({max_splits, 65535, std::max<int64_t>(64, 4 * ceil_div(resident, blocks))});
-  const auto time = [&](int64_t s) { return static_cast<double>(ceil_div(blocks * s, resident)) / static_cast<double>(s); };
+  const auto time = [&](int64_t s) {
+    const double traffic = s > 1 ? 1.0 + split_share * static_cast<double>(s) : 1.0;
+    return traffic * static_cast<double>(ceil_div(blocks * s, resident)) / static_cast<double>(s);
+  };
   double best_time = time(1);
   for (int64_t s = 2; s <= limit; ++s) best_time = std::min(best_time, time(s));
   int64_t s = 1;
@@ -224,7 +231,8 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops op
   auto kernel = row_block_kernel<Tuning, scalar_t, acc_t, out_t, Ops>;
   const int64_t row_blocks = std::min<int64_t>(rows, std::numeric_limits<int32_t>::max());
   int64_t splits = choose_splits(row_blocks, resident_blocks<Tuning>(kernel),
-                                 std::max<int64_t>(1, vectors / (Tuning::kDimBlock * Tuning::kMinVectorsPerThread)));
+                                 std::max<int64_t>(1, vectors / (Tuning::kDimBlock * Tuning::kMinVectorsPerThread)),
+                                 2.0 * sizeof(acc_t) / (static_cast<double>(K) * sizeof(scalar_t)));
   const int64_t chunk = ceil_div(vectors, splits) * kVector;  // whole vectors: every split starts aligned
   splits = ceil_div(K, chunk);
   FoldScratch scratch;
@@ -271,14 +279,15 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
     // the split loads the split's last row instead (in bounds) and its fold is dropped; one row at a time, a
     // thread of (7, 2^20) over dim 0 waited for three loads one after another. Whole rounds test no bounds. H200,
     // graph replay, with every round tested: amax over (768, 65536) dim 0 67.2 us against 59.0 untested, (4096,
-    // 4096) over dim 0 25.4 against 22.9, but (32, 2^24) over dim 0 faster, sum 511 against 595 us. ptxas (CUDA
-    // 13.0) issues this form's four loads two at a time (float32 sum: 32 registers). A warp barrier after the
-    // loads made it issue all four (42 registers): (32, 2^24) float32 sum 595 -> 511 us, but bfloat16 358 -> 430,
-    // (768, 65536) sum over dim 0 54.5 -> 61.3, (3000, 5000) and (4096, 4096) over dim 0 4-16% slower: not kept.
-    // A float max (one instruction, reduce_ops.h) gets the same two-at-a-time issue. Folding each round's rows last
-    // first (the first add needs the last load, so all four are issued first; 32 -> 38-48 registers): (32, 2^24)
-    // over dim 0 float32 sum, mean and amax 504-515 us against 585-616, (8192, 1024) 1.06x, but (4096, 4096),
-    // (3000, 5000) and (768, 65536) over dim 0 0.85-0.92x (logs/bench-dims-reversed-fold.log): not kept.
+    // 4096) over dim 0 25.4 against 22.9. ptxas (CUDA 13.0) issues a round's four loads two at a time (float32
+    // sum: 32 registers, 2048 threads an SM). Three forms that issue more at once ran (32, 2^24) over dim 0
+    // float32 at torch's speed (about 515 us against 589), each only because it held fewer blocks an SM, so that
+    // choose_splits took one split there instead of three (the partials' bytes are weighed since): a warp barrier
+    // after the loads (42 registers; bfloat16 (32, 2^24) 358 -> 430 us, (768, 65536) sum 54.5 -> 61.3, (3000,
+    // 5000) and (4096, 4096) 4-16% slower), each round's rows folded last first (38-48 registers; (4096, 4096),
+    // (3000, 5000), (768, 65536) 0.85-0.92x), and rows streamed through shared memory by cp.async, 4 or 8 rows
+    // ahead a thread (float32 (16, 64, 2^16) over dim 1 65.6 -> 67.0 and 78.2 us, bfloat16 (8, 2^24) over dim 0
+    // 73.9 -> 82.3 and 82.1): none kept.
     constexpr int kInFlight = Tuning::kColumnLoadsInFlight;
     const auto fold_round = [&](int64_t k, auto partial) {
       Load v[kInFlight];
@@ -355,9 +364,20 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
     if (slot == 0) tickets[blockIdx.x] = 0;  // ready for the next launch that uses it
   }
   if (threadIdx.y != 0 || !active) return;
+  // The C results in one store where the output's address allows it (a fresh tensor's does). C stores of 2 or 4
+  // bytes, each of a warp's touching 16 sectors in part, cost far more than their bytes: H200, graph replay,
+  // (3, 2^22) over dim 0 bfloat16 sum 21.6 -> 11.0 us, float32 mean 29.9 -> 19.7; (8, 2^24) bfloat16 sum 102 -> 74.
   const Sums result = slices[slot];
+  using Results = Columns<C, out_t>;
+  Results mine;
 #pragma unroll
-  for (int c = 0; c < C; ++c) out[first_output + c] = static_cast<out_t>(project_result(ops, result.value[c]));
+  for (int c = 0; c < C; ++c) mine.value[c] = static_cast<out_t>(project_result(ops, result.value[c]));
+  if (reinterpret_cast<uintptr_t>(out) % sizeof(Results) == 0) {
+    *reinterpret_cast<Results*>(out + first_output) = mine;
+  } else {
+#pragma unroll
+    for (int c = 0; c < C; ++c) out[first_output + c] = mine.value[c];
+  }
 }
 
 template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
@@ -386,14 +406,16 @@ void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out
   // (32, 2^24) over dim 0 in 8 slices ran blocks of one round of loads each, whose barriers and fold took a large
   // share of their time (float32 sum at 87% of the line, prod 60%).
   constexpr int64_t kInFlight = Tuning::kColumnLoadsInFlight;
+  const int64_t resident = resident_threads(C);  // a cached lookup under a lock: once, not once a doubling
   int64_t spare_slices = 1;
-  while (spare_slices * 2 * groups <= resident_threads(C)) spare_slices *= 2;
+  while (spare_slices * 2 * groups <= resident) spare_slices *= 2;
   const int64_t by = std::min<int64_t>({Tuning::kDimBlock / std::min<int64_t>(kWarpSize, next_power_of_two(groups)),
                                         next_power_of_two(ceil_div(K, kInFlight)), spare_slices});
   const int64_t bx = std::min<int64_t>(Tuning::kDimBlock / by, next_power_of_two(groups));
   const int64_t blocks = ceil_div(groups, bx);
   TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many columns for one launch");
-  int64_t splits = choose_splits(blocks, resident_blocks<Tuning>(kernel), std::max<int64_t>(1, K / (by * Tuning::kMinRowsPerThread)));
+  int64_t splits = choose_splits(blocks, resident_blocks<Tuning>(kernel), std::max<int64_t>(1, K / (by * Tuning::kMinRowsPerThread)),
+                                 2.0 * sizeof(acc_t) / (static_cast<double>(K) * sizeof(scalar_t)));
   const int64_t rows_per_split = ceil_div(K, splits);
   splits = ceil_div(K, rows_per_split);
   FoldScratch scratch;

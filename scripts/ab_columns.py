@@ -1,0 +1,49 @@
+"""Reductions over an outer dim whose column groups alone fill the GPU (the column kernel's one-slice form), GPU time in
+graph replay (inputs rotated past the L2) beside torch's, one JSON line a case, with a digest of the result's bits:
+for comparing builds or forms of the column kernel (run once per build, alternating; the bits must not change)."""
+import argparse
+import hashlib
+import json
+
+import torch
+
+import torch_reduce
+from torch_reduce.bench.timing import rotation, time_graph
+
+# (shape, dim): the dims benchmark's (32, 2^24) and (7, 2^20) over dim 0, outer dims of other extents and a middle one;
+# then shapes of several slices a block, whose column groups do not fill the GPU.
+CASES = [((32, 2**24), 0), ((7, 2**20), 0), ((8, 2**24), 0), ((16, 64, 2**16), 1), ((3, 2**22), 0),
+         ((768, 65536), 0), ((4096, 4096), 0), ((8192, 1024), 0)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--label", required=True)
+    args = parser.parse_args()
+    ours = {"sum": torch_reduce.sum, "mean": torch_reduce.mean, "amax": torch_reduce.amax}
+    theirs = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax}
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape, dim in CASES:
+            numel = 1
+            for s in shape:
+                numel *= s
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            inputs = rotation(lambda: torch.randn(shape, device="cuda", dtype=dtype, generator=gen),
+                              numel * dtype.itemsize)
+            for name, op in ours.items():
+                if dtype == torch.bfloat16 and name != "sum":
+                    continue
+                result = op(inputs[0], dim)
+                digest = hashlib.sha1(result.float().cpu().numpy().tobytes()).hexdigest()[:12]
+                ms = time_graph(lambda x: op(x, dim), inputs).median_ms
+                torch_ms = time_graph(lambda x: theirs[name](x, dim), inputs).median_ms
+                print(json.dumps({"label": args.label, "op": name, "case": f"{str(dtype)[6:]}:{shape}:{dim}",
+                                  "us": round(ms * 1e3, 2), "torch_us": round(torch_ms * 1e3, 2),
+                                  "line_pct": round(numel * dtype.itemsize / (ms * 1e-3) / 1e9 / 4642 * 100, 1),
+                                  "bits": digest}), flush=True)
+            del inputs
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
