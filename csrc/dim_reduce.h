@@ -183,8 +183,8 @@ using kernel_out_t = std::conditional_t<!std::is_floating_point_v<acc_type<scala
                                              std::is_same_v<Ops, ProdOp<acc_type<scalar_t>>>),
                                         int64_t, scalar_t>;
 
-// Calls f(ops) with the ops object of `kind` over acc_type<scalar_t> (prod: prod_acc_t); mean divides by
-// kind.count. mean and the norms are only reached for floating inputs (reduce_dims checks). kPartials: the
+// Calls f(ops) with the ops object of `kind` over acc_type<scalar_t> (prod: prod_acc_t); mean multiplies by
+// 1 / kind.count. mean and the norms are only reached for floating inputs (reduce_dims checks). kPartials: the
 // input is a split reduction's partials, already in the accumulate type, which the ops fold in (a 16-bit
 // prod's float32 partials stay float32; a float32 prod's partials are float64 already).
 template <typename scalar_t, bool kPartials = false, typename F>
@@ -204,7 +204,7 @@ void with_reduce_ops(const ReduceKind& kind, F&& f) {
     case Reduction::VectorNorm:
       if constexpr (std::is_floating_point_v<acc_t>) {
         const double p = kind.ord;
-        if (kind.reduction == Reduction::Mean) return f(MeanOp<acc_t>{{}, acc_t(kind.count)});
+        if (kind.reduction == Reduction::Mean) return f(MeanOp<acc_t>{{}, acc_t(1.0 / static_cast<double>(kind.count))});
         if (p == 2) return f(NormTwoOp<acc_t>());
         if (p == 1) return f(NormOneOp<acc_t>());
         if (p == 0) return f(NormZeroOp<acc_t>());

@@ -1,6 +1,6 @@
-"""Reductions over an outer dim whose column groups alone fill the GPU (the column kernel's one-slice form), GPU time in
-graph replay (inputs rotated past the L2) beside torch's, one JSON line a case, with a digest of the result's bits:
-for comparing builds or forms of the column kernel (run once per build, alternating; the bits must not change)."""
+"""sum, mean and amax over the dims benchmark's outer dims (the column kernel) or rows (--set rows), GPU time in graph
+replay (inputs rotated past the L2) beside torch's, one JSON line a case, with a digest of the result's bits: for
+comparing builds or forms of a kernel (run once per build, alternating; the bits change only with the plan)."""
 import argparse
 import hashlib
 import json
@@ -10,20 +10,27 @@ import torch
 import torch_reduce
 from torch_reduce.bench.timing import rotation, time_graph
 
-# (shape, dim): the dims benchmark's (32, 2^24) and (7, 2^20) over dim 0, outer dims of other extents and a middle one;
-# then shapes of several slices a block, whose column groups do not fill the GPU.
-CASES = [((32, 2**24), 0), ((7, 2**20), 0), ((8, 2**24), 0), ((16, 64, 2**16), 1), ((3, 2**22), 0),
-         ((768, 65536), 0), ((4096, 4096), 0), ((8192, 1024), 0)]
+# (shape, dim). columns: the dims benchmark's (32, 2^24) and (7, 2^20) over dim 0, outer dims of other extents and a
+# middle one, then shapes of several slices a block, whose column groups do not fill the GPU. rows: rows of a warp
+# (1024 and 768 floats), of a tile, of a block, and BatchNorm's (2, 3).
+CASES = {
+    "columns": [((32, 2**24), 0), ((7, 2**20), 0), ((8, 2**24), 0), ((16, 64, 2**16), 1), ((3, 2**22), 0),
+                ((768, 65536), 0), ((4096, 4096), 0), ((8192, 1024), 0)],
+    "rows": [((8192, 1024), -1), ((65536, 768), -1), ((2**24, 32), -1), ((4096, 4096), -1), ((32, 2**24), -1),
+             ((64, 256, 56, 56), (2, 3))],
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--label", required=True)
+    parser.add_argument("--set", default="columns", help="comma-separated: columns, rows")
     args = parser.parse_args()
+    cases = [case for name in args.set.split(",") for case in CASES[name]]
     ours = {"sum": torch_reduce.sum, "mean": torch_reduce.mean, "amax": torch_reduce.amax}
     theirs = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax}
     for dtype in (torch.float32, torch.bfloat16):
-        for shape, dim in CASES:
+        for shape, dim in cases:
             numel = 1
             for s in shape:
                 numel *= s

@@ -3,7 +3,7 @@ permuted views) are read in place, one reduced run per launch (dim_reduce.h, Sta
 
 Each case is checked against torch in float64 on fresh inputs, for every op and stage structure: two and three
 reduced runs, the largest run not the innermost, integer and 16-bit inputs (their intermediates are int64 and
-float32), and ops whose last stage projects (mean's divisor is the count over every stage, a norm's root).
+float32), and ops whose last stage projects (mean's factor is 1 / the count over every stage, a norm's root).
 On the GPU: no copy of the input is made, and the result is the same bits on every run.
 """
 import math
@@ -103,6 +103,18 @@ def test_a_mean_divides_by_the_count_over_every_stage(device):
     assert torch.equal(torch_reduce.mean(x, (0, 2, 3)), torch.full((6,), 3.0, device=device))
     assert torch.equal(torch_reduce.vector_norm(x, 2, (0, 2, 3)),
                        torch.full((6,), 3.0 * math.sqrt(4 * 5 * 7), device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape, dims", [((257, 1031), -1), ((1031, 257), 0), ((6, 33, 5, 7), (0, 2, 3))])
+def test_a_mean_is_its_sum_times_one_factor(shape, dims, device):
+    """A mean is its sum (the same kernels, the same order) times 1/K rounded once, as torch's CUDA mean computes it:
+    the same bits. A division by K would differ in the last bit at some of these outputs."""
+    x = random_tensor(shape, torch.float32, device)
+    count = x.numel() // torch_reduce.sum(x, dims).numel()
+    factor = torch.tensor(1.0 / count, dtype=torch.float32, device=device)
+    assert torch.equal(torch_reduce.mean(x, dims), torch_reduce.sum(x, dims) * factor)
+    assert not torch.equal(torch_reduce.sum(x, dims) / count, torch_reduce.sum(x, dims) * factor)
 
 
 @requires_cuda
