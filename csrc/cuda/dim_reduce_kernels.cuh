@@ -59,6 +59,13 @@ inline int64_t choose_splits(int64_t blocks, int64_t resident, int64_t max_split
   return s;
 }
 
+// choose_splits' split_share for a reduced extent of K elements: a split's partials, one accumulator an output,
+// written and then read back, against the K elements an output reads.
+template <typename acc_t, typename scalar_t>
+double split_share(int64_t K) {
+  return 2.0 * sizeof(acc_t) / (static_cast<double>(K) * sizeof(scalar_t));
+}
+
 inline int64_t next_power_of_two(int64_t v) {
   int64_t p = 1;
   while (p < v) p *= 2;
@@ -232,7 +239,7 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops op
   const int64_t row_blocks = std::min<int64_t>(rows, std::numeric_limits<int32_t>::max());
   int64_t splits = choose_splits(row_blocks, resident_blocks<Tuning>(kernel),
                                  std::max<int64_t>(1, vectors / (Tuning::kDimBlock * Tuning::kMinVectorsPerThread)),
-                                 2.0 * sizeof(acc_t) / (static_cast<double>(K) * sizeof(scalar_t)));
+                                 split_share<acc_t, scalar_t>(K));
   const int64_t chunk = ceil_div(vectors, splits) * kVector;  // whole vectors: every split starts aligned
   splits = ceil_div(K, chunk);
   FoldScratch scratch;
@@ -415,7 +422,7 @@ void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out
   const int64_t blocks = ceil_div(groups, bx);
   TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many columns for one launch");
   int64_t splits = choose_splits(blocks, resident_blocks<Tuning>(kernel), std::max<int64_t>(1, K / (by * Tuning::kMinRowsPerThread)),
-                                 2.0 * sizeof(acc_t) / (static_cast<double>(K) * sizeof(scalar_t)));
+                                 split_share<acc_t, scalar_t>(K));
   const int64_t rows_per_split = ceil_div(K, splits);
   splits = ceil_div(K, rows_per_split);
   FoldScratch scratch;
