@@ -1,6 +1,6 @@
-"""sum, mean and amax over the dims benchmark's outer dims (the column kernel) or rows (--set rows), GPU time in graph
-replay (inputs rotated past the L2) beside torch's, one JSON line a case, with a digest of the result's bits: for
-comparing builds or forms of a kernel (run once per build, alternating; the bits change only with the plan)."""
+"""sum, mean and amax over the dims benchmark's outer dims (the column kernel) or rows (--set rows, narrow), GPU time
+in graph replay (inputs rotated past the L2) beside torch's, one JSON line a case, with a digest of the result's
+bits: for comparing builds or forms of a kernel (run once per build, alternating; the bits change only with the plan)."""
 import argparse
 import hashlib
 import json
@@ -12,19 +12,22 @@ from torch_reduce.bench.timing import rotation, time_graph
 
 # (shape, dim). columns: the dims benchmark's (32, 2^24) and (7, 2^20) over dim 0, outer dims of other extents and a
 # middle one, then shapes of several slices a block, whose column groups do not fill the GPU. rows: rows of a warp
-# (1024 and 768 floats), of a tile, of a block, and BatchNorm's (2, 3).
+# (1024 and 768 floats), of a tile, of a block, and BatchNorm's (2, 3). narrow: rows of 1 to 16 elements, those that
+# divide a 16-byte vector or are two (a row count that leaves 3 past the last vector), and one that is neither (7).
 CASES = {
     "columns": [((32, 2**24), 0), ((7, 2**20), 0), ((8, 2**24), 0), ((16, 64, 2**16), 1), ((3, 2**22), 0),
                 ((768, 65536), 0), ((4096, 4096), 0), ((8192, 1024), 0)],
     "rows": [((8192, 1024), -1), ((65536, 768), -1), ((2**24, 32), -1), ((4096, 4096), -1), ((32, 2**24), -1),
              ((64, 256, 56, 56), (2, 3))],
+    "narrow": [((2**27, 2), -1), ((2**26, 4), -1), ((2**25, 8), -1), ((2**24, 16), -1), ((2**28, 1), -1),
+               ((2**24 + 3, 2), -1), ((2**20, 7), -1)],
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--label", required=True)
-    parser.add_argument("--set", default="columns", help="comma-separated: columns, rows")
+    parser.add_argument("--set", default="columns", help="comma-separated: columns, rows, narrow")
     args = parser.parse_args()
     cases = [case for name in args.set.split(",") for case in CASES[name]]
     ours = {"sum": torch_reduce.sum, "mean": torch_reduce.mean, "amax": torch_reduce.amax}
@@ -46,7 +49,8 @@ def main() -> None:
                 torch_ms = time_graph(lambda x: theirs[name](x, dim), inputs).median_ms
                 print(json.dumps({"label": args.label, "op": name, "case": f"{str(dtype)[6:]}:{shape}:{dim}",
                                   "us": round(ms * 1e3, 2), "torch_us": round(torch_ms * 1e3, 2),
-                                  "line_pct": round(numel * dtype.itemsize / (ms * 1e-3) / 1e9 / 4642 * 100, 1),
+                                  "line_pct": round((numel + result.numel()) * dtype.itemsize / (ms * 1e-3) / 1e9
+                                                    / 4642 * 100, 1),
                                   "bits": digest}), flush=True)
             del inputs
             torch.cuda.empty_cache()

@@ -16,9 +16,11 @@ for v in LADDER:
     assert v.op(x.half(), 256).isfinite().item()
     assert v.op(torch.ones(33_333, dtype=torch.int8, device="cuda")).item() == 33_333
 
-# The drop-ins on each kernel path: rows, columns, narrow-row tiles (K = 3, partial last tile, 16-bit), few
-# rows over dim 0, and reduced dims apart in memory (stages).
+# The drop-ins on each kernel path: rows, columns, narrow-row tiles (K = 3, partial last tile, 16-bit), narrow
+# rows that divide a vector (K = 2, 3 rows past the last vector), few rows over dim 0, and reduced dims apart in
+# memory (stages).
 narrow = torch.randn(5003, 3, device="cuda")
+pairs = torch.randn(5003, 2, device="cuda")
 apart = torch.randn(5, 6, 7, 9, device="cuda")
 for name in ("sum", "mean", "amax", "amin", "prod", "vector_norm"):
     op = getattr(torch_reduce, name)
@@ -29,6 +31,8 @@ for name in ("sum", "mean", "amax", "amin", "prod", "vector_norm"):
         call(y.t(), *args)
     call(narrow, -1)
     call(narrow.bfloat16(), -1)
+    call(pairs, -1)
+    call(pairs.bfloat16(), -1)
     call(torch.randn(7, 4099, device="cuda"), 0)
     call(apart, (0, 2, 3))
     call(apart.contiguous(memory_format=torch.channels_last), (1, 2))

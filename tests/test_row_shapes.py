@@ -1,6 +1,7 @@
-"""The reductions over one dim at the shapes with their own kernel paths: narrow rows (a few elements: read as
-tiles of whole rows through shared memory on the GPU), few long rows over dim 0 (the column kernel with one or
-two slices of the reduced extent), and any shape and set of dims (hypothesis), against torch in float64.
+"""The reductions over one dim at the shapes with their own kernel paths: narrow rows (a few elements: on the GPU
+folded in registers where they divide a 16-byte vector or are two of them, else read as tiles of whole rows through
+shared memory), few long rows over dim 0 (the column kernel with one or two slices of the reduced extent), and any
+shape and set of dims (hypothesis), against torch in float64.
 """
 import math
 
@@ -26,21 +27,23 @@ def _check_sum_like(x, dim, got_sum, got_amax):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
-@pytest.mark.parametrize("K", [1, 2, 3, 5, 7, 8, 15, 16, 31])
+@pytest.mark.parametrize("K", [1, 2, 3, 4, 5, 7, 8, 15, 16, 31])
 def test_narrow_rows(K, dtype, device):
-    """Rows counts around a tile's (hundreds of rows), the last tile partial; and an input 4 bytes past a
-    16-byte boundary (the tiles need aligned vectors: the row-group kernel takes it)."""
-    for rows in (1, 5, 271, 4099, 20011):
-        x = random_tensor((rows, K), dtype, device)
-        _check_sum_like(x, -1, torch_reduce.sum(x, -1), torch_reduce.amax(x, -1))
+    """Rows counts around a tile's (hundreds of rows), the last tile partial, and odd ones (rows that divide a
+    vector leave 1 to 7 rows past the last whole vector); and an input 4 bytes past a 16-byte boundary (the tiles
+    and the vectors need aligned loads: the row-group kernel takes it). mean too: its factor is applied per row."""
     storage = random_tensor((4099 * K + 1,), dtype, device)
-    x = storage[1:].view(4099, K)
-    _check_sum_like(x, -1, torch_reduce.sum(x, -1), torch_reduce.amax(x, -1))
+    inputs = [random_tensor((rows, K), dtype, device) for rows in (1, 5, 271, 4099, 20011)]
+    for x in inputs + [storage[1:].view(4099, K)]:
+        _check_sum_like(x, -1, torch_reduce.sum(x, -1), torch_reduce.amax(x, -1))
+        want = x.double().mean(-1)
+        scale = x.double().abs().mean(-1)
+        assert bool(((torch_reduce.mean(x, -1).double() - want).abs() <= TOL[dtype] * (scale + want.abs())).all())
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool], ids=str)
-@pytest.mark.parametrize("K", [1, 3, 7, 13])
+@pytest.mark.parametrize("K", [1, 2, 3, 4, 7, 8, 13, 16, 32])
 def test_narrow_integer_rows(K, dtype, device):
     x = random_tensor((9001, K), dtype, device)
     assert torch.equal(torch_reduce.sum(x, -1), torch.sum(x, -1))
@@ -87,6 +90,16 @@ def test_narrow_rows_deterministic_and_large():
         first = torch_reduce.sum(x, -1)
         assert torch.equal(first, torch_reduce.sum(x, -1))
         assert torch.allclose(first.double(), x.double().sum(-1), rtol=1e-6, atol=1e-6)
+
+
+@requires_cuda
+def test_narrow_rows_past_2_to_the_31():
+    """More than 2^31 elements in rows of 2 bfloat16 (the vector kernel's 64-bit indices; 3 rows past the last
+    vector): each row's sum is its two elements added in float32 and rounded once."""
+    x = torch.randn(2**30 + 3, 2, device="cuda", dtype=torch.bfloat16)
+    assert x.numel() > 2**31
+    got = torch_reduce.sum(x, -1)
+    assert torch.equal(got, (x[:, 0].float() + x[:, 1].float()).bfloat16())
 
 
 @requires_cuda

@@ -109,12 +109,14 @@ def test_a_mean_divides_by_the_count_over_every_stage(device):
 @pytest.mark.parametrize("shape, dims", [((257, 1031), -1), ((1031, 257), 0), ((6, 33, 5, 7), (0, 2, 3))])
 def test_a_mean_is_its_sum_times_one_factor(shape, dims, device):
     """A mean is its sum (the same kernels, the same order) times 1/K rounded once, as torch's CUDA mean computes it:
-    the same bits. A division by K would differ in the last bit at some of these outputs."""
+    the same bits. The quotient by K rounded once (in float64, then to float32) differs in the last bit at some of
+    these outputs. (torch's CUDA division by a number multiplies by its reciprocal, so it cannot tell them apart.)"""
     x = random_tensor(shape, torch.float32, device)
-    count = x.numel() // torch_reduce.sum(x, dims).numel()
+    total = torch_reduce.sum(x, dims)
+    count = x.numel() // total.numel()
     factor = torch.tensor(1.0 / count, dtype=torch.float32, device=device)
-    assert torch.equal(torch_reduce.mean(x, dims), torch_reduce.sum(x, dims) * factor)
-    assert not torch.equal(torch_reduce.sum(x, dims) / count, torch_reduce.sum(x, dims) * factor)
+    assert torch.equal(torch_reduce.mean(x, dims), total * factor)
+    assert not torch.equal((total.double() / count).float(), total * factor)
 
 
 @requires_cuda

@@ -2,8 +2,9 @@
 // The dim reductions' CUDA kernels and their launch (dim_reduce.h's table on the GPU), over the normal form
 // (B, K, N), every one through the same kernels, driven by its ops object (common/reduce_ops.h):
 //   B * N == 1: the whole tensor, launch_device_reduce (full_reduce.cuh), single pass;
-//   N == 1:     rows of K contiguous elements. Narrow rows: tiles of whole rows through shared memory; short
-//               rows: G lanes per row (G = 1..32, from K), several rows per warp, warp_reduce<G>, and longer
+//   N == 1:     rows of K contiguous elements. Narrow rows: those that divide a 16-byte vector (or are two)
+//               folded in registers, whole rows a thread; the others tiles of whole rows through shared memory;
+//               short rows: G lanes per row (G = 1..32, from K), several rows per warp, warp_reduce<G>, and longer
 //               rows a warp each too where they are many; long rows: one block per row, block_reduce; long
 //               rows but few of them: each row split over several blocks;
 //   N > 1:      columns: each thread owns 1, 4 or (16-bit and byte types, where they fill the GPU) 8 adjacent
@@ -118,6 +119,69 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
   }
 }
 
+// C adjacent elements in one load or store (C * sizeof(scalar_t) bytes, aligned to that).
+template <int C, typename scalar_t>
+struct alignas(C * sizeof(scalar_t)) Columns {
+  scalar_t value[C];
+};
+
+// Narrow rows that divide a 16-byte vector or are two of them (float32: K of 1, 2, 4 or 8; 16-bit: 1 to 16): a
+// thread takes a unit of whole vectors that holds whole rows (a vector of R = kSize / K rows, or the two vectors
+// of one row), folds each row in registers, left to right from the identity (the CPU kernel's order, as the tile
+// kernel's), and writes the unit's R results in one store where the output's address allows it (a fresh
+// tensor's does). kTileVectors units a thread are loaded before any is folded. The last rows % R rows, past the
+// last whole unit, take a thread each.
+template <typename Tuning, int K, typename scalar_t, typename acc_t, typename out_t, typename Ops>
+__global__ void __launch_bounds__(Tuning::kDimBlock)
+    row_vector_kernel(const scalar_t* __restrict__ in, int64_t rows, out_t* __restrict__ out, Ops ops) {
+  using V = Vec16<scalar_t>;
+  constexpr int kUnit = std::max<int>(K, V::kSize);  // elements
+  constexpr int U = kUnit / V::kSize, R = kUnit / K;
+  using Results = Columns<R, out_t>;
+  constexpr int kLoads = Tuning::kTileVectors;
+  const int64_t units = rows / R;
+  const V* source = reinterpret_cast<const V*>(in);
+  const bool whole_stores = reinterpret_cast<uintptr_t>(out) % sizeof(Results) == 0;
+  const auto fold_row = [&](const auto& element) {
+    acc_t a = Ops::identity();
+#pragma unroll
+    for (int k = 0; k < K; ++k) a = ops(a, load_element<acc_t>(ops, element(k)));
+    return static_cast<out_t>(project_result(ops, a));
+  };
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * Tuning::kDimBlock * kLoads + threadIdx.x; first < units;
+       first += static_cast<int64_t>(gridDim.x) * Tuning::kDimBlock * kLoads) {
+    V v[kLoads][U];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t i = first + u * Tuning::kDimBlock;
+#pragma unroll
+      for (int w = 0; w < U; ++w) {
+        if (i < units) v[u][w] = load_vector(source + i * U + w);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t i = first + u * Tuning::kDimBlock;
+      if (i >= units) break;
+      Results results;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        results.value[r] = fold_row([&](int k) { return v[u][(r * K + k) / V::kSize].value[(r * K + k) % V::kSize]; });
+      }
+      if (whole_stores) {
+        reinterpret_cast<Results*>(out)[i] = results;
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) out[i * R + r] = results.value[r];
+      }
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x < rows % R) {
+    const int64_t row = units * R + threadIdx.x;
+    out[row] = fold_row([&](int k) { return in[row * K + k]; });
+  }
+}
+
 // Narrow rows (K elements, fewer than kTileRowBytes bytes): a lane per row would keep one or two small loads
 // in flight. Instead a block reads a tile of whole rows (tile_rows), one contiguous run of 16-byte vectors
 // (kTileVectors a thread, all issued before any is used), into shared memory; then each thread folds its
@@ -205,8 +269,20 @@ template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, ty
 void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops ops, cudaStream_t stream) {
   constexpr int64_t kVector = Vec16<scalar_t>::kSize;
   const int64_t vectors = ceil_div(K, kVector);
-  if (K * int64_t{sizeof(scalar_t)} < Tuning::kTileRowBytes &&
-      reinterpret_cast<uintptr_t>(in) % sizeof(Vec16<scalar_t>) == 0) {
+  const bool aligned = reinterpret_cast<uintptr_t>(in) % sizeof(Vec16<scalar_t>) == 0;
+  if ((kVector % K == 0 || K == 2 * kVector) && aligned) {
+    with_power_of_two<1, 2 * kVector>(K, [&](auto k) {
+      constexpr int64_t kK = decltype(k)::value;
+      auto kernel = row_vector_kernel<Tuning, kK, scalar_t, acc_t, out_t, Ops>;
+      const int64_t units = rows / (std::max(kK, kVector) / kK);
+      const int64_t grid = std::clamp<int64_t>(ceil_div(units, int64_t{Tuning::kDimBlock} * Tuning::kTileVectors), 1,
+                                               resident_blocks<Tuning>(kernel));  // one wave, units strided
+      kernel<<<grid, Tuning::kDimBlock, 0, stream>>>(in, rows, out, ops);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    return;
+  }
+  if (K * int64_t{sizeof(scalar_t)} < Tuning::kTileRowBytes && aligned) {
     constexpr int64_t kTileElements = int64_t{Tuning::kDimBlock} * Tuning::kTileVectors * kVector;
     const int64_t tile_rows = kTileElements / K / kVector * kVector;  // whole rows, a multiple of the vector width
     auto kernel = row_tile_kernel<Tuning, scalar_t, acc_t, out_t, Ops>;
@@ -223,8 +299,7 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops op
                    (Tuning::kDimBlock / kWarpSize))) {
     // One vector per lane up to 32 lanes (K = 32 floats: 8 lanes, 4 rows per warp); then more per lane.
     const int64_t lanes = std::min<int64_t>(kWarpSize, next_power_of_two(vectors));
-    const bool one_vector_per_lane =
-        K == lanes * kVector && reinterpret_cast<uintptr_t>(in) % sizeof(Vec16<scalar_t>) == 0;
+    const bool one_vector_per_lane = K == lanes * kVector && aligned;
     with_power_of_two<1, 32>(lanes, [&](auto g) {
       constexpr unsigned G = decltype(g)::value;
       auto kernel = row_group_kernel<Tuning, G, scalar_t, acc_t, out_t, Ops>;
@@ -252,12 +327,6 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops op
 }
 
 // ---------------------------------------------------------------------------------------- columns ----
-
-// C adjacent elements in one load (C * sizeof(scalar_t) bytes, aligned to that).
-template <int C, typename scalar_t>
-struct alignas(C * sizeof(scalar_t)) Columns {
-  scalar_t value[C];
-};
 
 // Thread (x, y) of a (bx, by) block owns C adjacent columns of one slab b (group = blockIdx.x * bx + x)
 // and folds rows y, y + by, ... of its split [blockIdx.y * rows_per_split, ...) of K; the by slices are

@@ -33,6 +33,7 @@ struct HopperTuning {
   static constexpr int kColumnLoadsInFlight = 4;  // column kernel: rows a thread loads before adding any
   // Rows shorter than this many bytes are read as tiles of whole rows through shared memory, kTileVectors
   // 16-byte vectors a thread: a lane a row kept one 8-byte load in flight ((2^27, 2) over dim -1: 1336 GB/s).
+  // Rows that divide a vector, or are two, skip the tile: kTileVectors units of them a thread, folded in registers.
   static constexpr int64_t kTileRowBytes = 64;
   static constexpr int kTileVectors = 4;
   // A split of the reduced extent keeps each column thread busy for at least this many rows.
