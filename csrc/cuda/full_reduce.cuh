@@ -114,9 +114,9 @@ enum class LastRound {
   // last vector instead (in bounds; a warp's such loads are one address) and its fold is dropped. For rows of a
   // few vectors a thread: one at a time, most threads of a row of 784 vectors (3136 floats, 256 threads) waited
   // for 3 loads one after another (H200, graph replay, against the run before: that row's sum 58.6 -> 50.0 us,
-  // amax 82.1 -> 71.2). Only that last round tests its bounds: tests in every round cost the whole-tensor kernel
-  // 2-3% at 2^28 floats (4431 -> 4332 GB/s) and long rows as much (the rows of (32, 2^24)); its loads are not
-  // predicated, since a bfloat16 kernel then held every vector unpacked at once (55 registers, not 32).
+  // amax 82.1 -> 71.2). Every round is this one loop, the bounds tests included, since only rows take it (in the
+  // whole-tensor kernel the tests cost 2-3% at 2^28 floats: 4431 -> 4332 GB/s); its loads are not predicated,
+  // since a bfloat16 kernel then held every vector unpacked at once (55 registers, not 32).
   Together,
 };
 
@@ -143,23 +143,19 @@ __device__ acc_t thread_reduce(const scalar_t* __restrict__ in, int64_t n, int64
     }
     for (; i < split.vectors; i += threads) acc[0] = ops(acc[0], fold_vector<acc_t>(load_vector(vin + i), ops));
   } else {
-    const auto round = [&](int64_t i, auto last) {
-      constexpr bool kTested = decltype(last)::value;
+    for (int64_t i = thread; i < split.vectors; i += kUnroll * threads) {
       V v[kUnroll];
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         const int64_t j = i + k * threads;
-        v[k] = load_vector(vin + (kTested && j >= split.vectors ? split.vectors - 1 : j));
+        v[k] = load_vector(vin + (j < split.vectors ? j : split.vectors - 1));
       }
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         const acc_t folded = ops(acc[k], fold_vector<acc_t>(v[k], ops));
-        if (!kTested || i + k * threads < split.vectors) acc[k] = folded;
+        if (i + k * threads < split.vectors) acc[k] = folded;
       }
-    };
-    int64_t i = thread;
-    for (; i + (kUnroll - 1) * threads < split.vectors; i += kUnroll * threads) round(i, std::false_type());
-    if (i < split.vectors) round(i, std::true_type());
+    }
   }
 
   // Up to 15 scalars each side: one per thread for a block, a few per lane for a narrow row group.
