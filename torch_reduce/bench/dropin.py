@@ -145,7 +145,9 @@ class Section:
 
     # -------------------------------------------------------------------------------- (e) ----
     def accuracy(self, exponent: int) -> None:
-        x = torch.randn(2**exponent, device="cuda")
+        # One fixed draw: the error relative to the sum depends on how near 0 the draw sums (2^28 normals: 1959 in
+        # one run, 1.7e-6 off; -17495 in the one before, 1.3e-8), so a fresh draw each run made the verdict luck.
+        x = torch.randn(2**exponent, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
         exact = x.double().sum().item()
         lines = [f"### (e) accuracy: float32 sum of 2^{exponent} normals vs float64", "",
                  "| impl | sum | relative error | target | |", "|---|---|---|---|---|"]
