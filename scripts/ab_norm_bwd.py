@@ -1,9 +1,11 @@
 """The norm backward ops alone, GPU time in graph replay (torch_reduce.bench.timing), one JSON line a case: for
-comparing two builds of the extension in one session (run this once per build, alternating).
+comparing two builds of the extension in one session (run this once per build, alternating). Each line carries a
+digest of the op's outputs on one seeded input, so two builds that should give the same bits can be compared.
 
     python3 scripts/ab_norm_bwd.py --label new [--cases bfloat16:16384x4096,...]
 """
 import argparse
+import hashlib
 import json
 
 import torch
@@ -44,10 +46,16 @@ def main() -> None:
             "rms_norm": lambda s: torch.ops.reduce.rms_norm_bwd(s[1], s[0], [hidden], s[4], w, [True, True]),
         }
         for op, fn in ops.items():
+            torch.manual_seed(0)
+            outputs = fn(make())
+            digest = hashlib.sha1()
+            for out in outputs:
+                bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()]
+                digest.update(out.view(bits).cpu().numpy().tobytes())
             ms = time_graph(fn, inputs).median_ms
             line = 3 * nbytes / (ms * 1e-3) / 1e9 / args.line * 100
             print(json.dumps({"label": args.label, "op": op, "case": case, "us": round(ms * 1e3, 2),
-                              "line_pct": round(line, 1)}), flush=True)
+                              "line_pct": round(line, 1), "digest": digest.hexdigest()[:16]}), flush=True)
         del inputs
         torch.cuda.empty_cache()
 

@@ -44,7 +44,6 @@
 // - the next row's x and dy loaded into registers during this one, by loads the compiler may not move or
 //   repeat (ld.global volatile, issued before the row's barrier; SASS checked), two vectors a thread: within
 //   2% at 13 shapes, LayerNorm and RMSNorm; one vector a thread at 1024 threads per SM: 0.59-1.09x;
-// - bfloat16 unpacked by shift and mask (11% fewer instructions, ptxas): 0-3% slower;
 // - the shared-memory sums in power-of-two blocks: a row of 2560 or 5120 left a block's threads idle, 0.92-0.96x
 //   the register kernel there;
 // - the column-sum terms added in the first pass, before the row's barrier (the second pass dx alone), and no
@@ -52,14 +51,18 @@
 //   16384x4096: 38.1 -> 37.4 instructions an element, an instruction issued in 65-66% of cycles);
 // - 4 vectors a thread at 512 threads per SM for the shared-memory sums (half the per-row reduction and
 //   indexing per element, 100-120 registers): 0.90-0.94x where it changed the plan (bfloat16 16384x4096,
-//   8192x8192, float32 16384x4096).
+//   8192x8192, float32 16384x4096);
+// - the group's next rows copied into shared memory by cp.async beside the shared-memory column sums (each thread
+//   its own vectors, so no barrier), their loads in flight through the whole of this row: 0.79-1.05x over 36
+//   LayerNorm/RMSNorm cases (geomean 0.955; bfloat16 16384x4096 0.94x and 0.88x, 1024x4096 0.79x), at the same
+//   blocks per SM or with the staged rows counted as in progress (layernorm_bwd_variants.md). Loads in flight
+//   are not what holds the bfloat16 backward.
 // Nsight Compute, bfloat16 16384x4096, sums in registers: 121 registers, 4 warps per scheduler (1.2 eligible),
 // an instruction issued in 57% of cycles, DRAM 50% busy, the top stall (30%) a wait on L1TEX. Sums in shared
 // memory (the kernel chosen there): 64 registers, 6.7 warps per scheduler (2.3 eligible), an instruction issued in
-// 67% of cycles, DRAM 54% busy (the same at 65536x1024; float32 16384x4096, registers: 36% and 81%). Yet 12% fewer
-// instructions (bfloat16 unpacked by shift and mask in every norm kernel, ptxas: 1064 -> 936 in this kernel) moved
-// the backward by 1.01x (median of 44 shapes, 0.80-1.08x, graph replay against the previous run, torch within 0.5%);
-// the LayerNorm bfloat16 forward by 1.05x (0.99-1.17x). Not kept: its GPU test run did not finish.
+// 67% of cycles, DRAM 54% busy (the same at 65536x1024; float32 16384x4096, registers: 36% and 81%). bfloat16 is
+// widened by shift and mask (widen, row_layout.cuh) and sum(g * (x - mean)) is scaled by rstd once a row: fewer
+// instructions an element, 0.99-1.06x (geomean 1.01).
 // Streaming kernel (rows that are not 16-byte aligned, or wider): element by element, the column sums in
 // shared memory, or in global scratch when two blocks' worth do not fit an SM.
 #include <ATen/cuda/CUDAContext.h>
@@ -376,13 +379,15 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
     visit_rows([&](int k, int64_t i, const acc_t(&wv)[kSize]) {
 #pragma unroll
       for (int q = 0; q < ROWS; ++q) {
-        const V xv = row_vector(0, q, first + q, k, i, false), dv = row_vector(1, q, first + q, k, i, false);
+        acc_t xf[kSize], df[kSize];
+        widen(row_vector(0, q, first + q, k, i, false), xf);
+        widen(row_vector(1, q, first + q, k, i, false), df);
+        // sum(g * (x - mean)), times rstd once a row below.
 #pragma unroll
         for (int e = 0; e < kSize; ++e) {
-          const acc_t d = static_cast<acc_t>(dv.value[e]);
-          const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
+          const acc_t g = weight != nullptr ? mul_rounded(df[e], wv[e]) : df[e];
           if (kLayer) sums.row[q].first += g;
-          sums.row[q].second += g * ((static_cast<acc_t>(xv.value[e]) - mu[q]) * rs[q]);
+          sums.row[q].second += g * (xf[e] - mu[q]);
         }
       }
     });
@@ -396,17 +401,20 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
         repack(dyr[q]);
       }
       mean_g[q] = kLayer ? sums.row[q].first * inv_cols : acc_t(0);
-      mean_gx[q] = sums.row[q].second * inv_cols;
+      mean_gx[q] = sums.row[q].second * rs[q] * inv_cols;
     }
     visit_rows([&](int k, int64_t i, const acc_t(&wv)[kSize]) {
-      V xv[ROWS], dv[ROWS], o[ROWS], gs[ROWS] = {};
+      V o[ROWS];
+      acc_t xf[ROWS][kSize], df[ROWS][kSize], gf[ROWS][kSize];
 #pragma unroll
       for (int q = 0; q < ROWS; ++q) {
-        xv[q] = row_vector(0, q, first + q, k, i, true);
-        dv[q] = row_vector(1, q, first + q, k, i, true);
+        widen(row_vector(0, q, first + q, k, i, true), xf[q]);
+        widen(row_vector(1, q, first + q, k, i, true), df[q]);
+        V gs = {};
         if (kGradSum && grad_in != nullptr && present(q)) {
-          gs[q] = load_vector(reinterpret_cast<const V*>(grad_sum + (first + q) * cols) + i);
+          gs = load_vector(reinterpret_cast<const V*>(grad_sum + (first + q) * cols) + i);
         }
+        widen(gs, gf[q]);
       }
       // One 16-byte run of column sums at a time, so that the shared-memory variant keeps one run's terms live.
 #pragma unroll
@@ -417,8 +425,8 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
           const int e = r * kRun + j;
 #pragma unroll
           for (int q = 0; q < ROWS; ++q) {
-            const acc_t d = static_cast<acc_t>(dv[q].value[e]);
-            const acc_t xhat = (static_cast<acc_t>(xv[q].value[e]) - mu[q]) * rs[q];
+            const acc_t d = df[q][e];
+            const acc_t xhat = (xf[q][e] - mu[q]) * rs[q];
             const acc_t g = weight != nullptr ? mul_rounded(d, wv[e]) : d;
             if constexpr (kInShared) {
               weight_terms[j] = q == 0 ? d * xhat : weight_terms[j] + d * xhat;
@@ -428,7 +436,7 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
               if (kLayer) db[k][e] += d;
             }
             o[q].value[e] = static_cast<scalar_t>(rs[q] * (g - mean_g[q] - xhat * mean_gx[q]) +
-                                                  static_cast<acc_t>(gs[q].value[e]));
+                                                  gf[q][e]);
           }
         }
         if constexpr (kInShared) {

@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
     rstd_out[row] = rstd;
   }
   // One element: centred (LayerNorm), scaled, then weight and bias where given.
-  const auto normalize = [&](scalar_t xv, acc_t w, acc_t b) {
-    acc_t v = kNorm == RowNorm::Layer ? (static_cast<acc_t>(xv) - mean) * rstd : static_cast<acc_t>(xv) * rstd;
+  const auto normalize = [&](acc_t xv, acc_t w, acc_t b) {
+    acc_t v = kNorm == RowNorm::Layer ? (xv - mean) * rstd : xv * rstd;
     if (weight != nullptr) v *= w;
     if (kNorm == RowNorm::Layer && bias != nullptr) v += b;
     return static_cast<scalar_t>(v);
@@ -97,16 +97,18 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
       acc_t wv[V::kSize] = {}, bv[V::kSize] = {};
       if (weight != nullptr) load_params(weight, i * V::kSize, wv);
       if (kNorm == RowNorm::Layer && bias != nullptr) load_params(bias, i * V::kSize, bv);
+      acc_t xf[V::kSize];
+      widen(regs.v[k], xf);
       V o;
 #pragma unroll
-      for (int e = 0; e < V::kSize; ++e) o.value[e] = normalize(regs.v[k].value[e], wv[e], bv[e]);
+      for (int e = 0; e < V::kSize; ++e) o.value[e] = normalize(xf[e], wv[e], bv[e]);
       store_vector(reinterpret_cast<V*>(y) + i, o);
     }
   } else {
     for (int64_t j = t; j < cols; j += GROUP) {
       const acc_t w = weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1);
       const acc_t b = kNorm == RowNorm::Layer && bias != nullptr ? static_cast<acc_t>(bias[j]) : acc_t(0);
-      y[j] = normalize(x[j], w, b);
+      y[j] = normalize(static_cast<acc_t>(x[j]), w, b);
     }
   }
 }
