@@ -12,13 +12,14 @@ from torch_reduce.bench.timing import rotation, time_graph
 
 # (shape, dim). columns: the dims benchmark's (32, 2^24) and (7, 2^20) over dim 0, outer dims of other extents and a
 # middle one, then shapes of several slices a block, whose column groups do not fill the GPU. rows: rows of a warp
-# (1024 and 768 floats), of a tile, of a block, and BatchNorm's (2, 3). narrow: rows of 1 to 16 elements, those that
-# divide a 16-byte vector or are two (a row count that leaves 3 past the last vector), and one that is neither (7).
+# (1024 and 768 floats), of a tile, of a block, few long rows split over blocks, and BatchNorm's (2, 3). narrow: rows
+# of 1 to 16 elements, those that divide a 16-byte vector or are two (a row count that leaves 3 past the last
+# vector), and one that is neither (7).
 CASES = {
     "columns": [((32, 2**24), 0), ((7, 2**20), 0), ((8, 2**24), 0), ((16, 64, 2**16), 1), ((3, 2**22), 0),
                 ((768, 65536), 0), ((4096, 4096), 0), ((8192, 1024), 0)],
     "rows": [((8192, 1024), -1), ((65536, 768), -1), ((2**24, 32), -1), ((4096, 4096), -1), ((32, 2**24), -1),
-             ((64, 256, 56, 56), (2, 3))],
+             ((768, 65536), -1), ((8, 2**24), -1), ((64, 256, 56, 56), (2, 3))],
     "narrow": [((2**27, 2), -1), ((2**26, 4), -1), ((2**25, 8), -1), ((2**24, 16), -1), ((2**28, 1), -1),
                ((2**24 + 3, 2), -1), ((2**20, 7), -1)],
 }

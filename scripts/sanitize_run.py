@@ -43,14 +43,19 @@ for t in (torch.randn(1_500_001, 3, device="cuda"), torch.randn(9000, 3136, devi
     torch_reduce.sum(t, -1)
     torch_reduce.amax(t, -1)
 torch_reduce.sum(torch.randn(3, 8, 2**21, device="cuda").bfloat16(), 1)
-# LayerNorm, RMSNorm and var_mean: one shape per row layout of each kernel (warp rows, blocks of 128/256/512, the
-# backward's wide rows, streaming rows with shared-memory or global column sums), mixed-precision parameters,
+# Long rows split over blocks: one loop of a row's blocks (a one-wave grid; odd rows start misaligned), and runs of a
+# row a block (300 rows of 5-7 splits: several waves).
+for t in (torch.randn(3, 2**20 + 5, device="cuda"), torch.randn(300, 2**16 + 3, device="cuda")):
+    torch_reduce.sum(t, -1)
+    torch_reduce.amax(t.bfloat16(), -1)
+# LayerNorm, RMSNorm and var_mean: one shape per row layout of each kernel (warp rows, blocks of 128/256/512/1024,
+# the backward's wide rows, streaming rows with shared-memory or global column sums), mixed-precision parameters,
 # and a misaligned view.
 for hidden, dtype, param_dtype in [(768, torch.float32, None), (1001, torch.float32, None),
                                    (4096, torch.bfloat16, None), (4096, torch.bfloat16, torch.float32),
                                    (8192, torch.float32, None), (12288, torch.float32, None),
-                                   (16384, torch.float32, None), (18432, torch.bfloat16, torch.float32),
-                                   (40000, torch.float32, None)]:
+                                   (16384, torch.float32, None), (18432, torch.float32, None),
+                                   (18432, torch.bfloat16, torch.float32), (40000, torch.float32, None)]:
     z = torch.randn(40, hidden, device="cuda", dtype=dtype, requires_grad=True)
     w = torch.randn(hidden, device="cuda", dtype=param_dtype or dtype, requires_grad=True)
     b = torch.randn(hidden, device="cuda", dtype=param_dtype or dtype, requires_grad=True)

@@ -14,7 +14,7 @@ import torch_reduce
 from conftest import DEVICES, requires_cuda
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-HIDDEN = [1, 7, 32, 33, 768, 1000, 1024, 2048, 4096, 4097, 8192, 12288, 16384]
+HIDDEN = [1, 7, 32, 33, 768, 1000, 1024, 2048, 4096, 4097, 8192, 12288, 16384, 18432, 32768, 32776]
 # Outputs and input gradients are rounded to the dtype once; weight/bias gradients sum over rows.
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10),
        torch.float16: dict(rtol=2e-3, atol=2e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
@@ -235,6 +235,10 @@ NORM_CALLS = {
     "add_layer_norm": lambda x, r, w, b: torch_reduce.add_layer_norm(x, r, (x.shape[-1],), w, b)[0],
     "add_rms_norm": lambda x, r, w, b: torch_reduce.add_rms_norm(x, r, (x.shape[-1],), w)[0],
 }
+NORM_CALLS_SUM = {
+    "add_layer_norm": lambda x, r, w, b: torch_reduce.add_layer_norm(x, r, (x.shape[-1],), w, b)[1],
+    "add_rms_norm": lambda x, r, w, b: torch_reduce.add_rms_norm(x, r, (x.shape[-1],), w)[1],
+}
 TORCH_NORM_CALLS = {
     "layer_norm": lambda x, r, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
     "rms_norm": lambda x, r, w, b: F.rms_norm(x, (x.shape[-1],), w),
@@ -294,6 +298,29 @@ def test_backward_kernel_layouts(rows, hidden, dtype, name):
     again = torch.autograd.grad(outputs, params, grads_out)
     for g, h in zip(got[2 if fused else 1:], again):
         assert torch.equal(g, h)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", list(NORM_CALLS))
+@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 16388), (torch.float32, 18432), (torch.float32, 32768),
+                                          (torch.float32, 32772), (torch.bfloat16, 40000), (torch.bfloat16, 65536)])
+def test_forward_rows_too_long_for_512_threads(name, dtype, hidden):
+    """The forward keeps a row of more vectors than 512 threads hold in registers in a block of 1024 (float32
+    16388..32768 elements, bfloat16 up to 65536), and streams longer ones (32772): every norm, the fused sum
+    included, against the float64 formula of the input rounded as torch's add rounds it; var_mean beside."""
+    x, r = (torch.randn(37, hidden, device="cuda").to(dtype) for _ in range(2))
+    w, b = make_params((hidden,), dtype, "cuda", True, True)
+    w, b = w.detach(), b.detach()
+    got = NORM_CALLS[name](x, r, w, b)
+    s = (x + r) if name.startswith("add") else x
+    want = TORCH_NORM_CALLS[name.removeprefix("add_")](s.double(), None, w.double(), b.double())
+    kappa = conditioning(s, (hidden,), 1e-5)
+    torch.testing.assert_close(got, want.to(dtype), **{k: v * kappa for k, v in TOL[dtype].items()})
+    if name.startswith("add"):
+        assert torch.equal(NORM_CALLS_SUM[name](x, r, w, b), s)
+    var, mean = torch_reduce.var_mean(x, -1, correction=0)
+    torch.testing.assert_close(mean.double(), x.double().mean(-1), **TOL[dtype])
+    torch.testing.assert_close(var.double(), x.double().var(-1, correction=0), **TOL[dtype])
 
 
 @requires_cuda

@@ -120,6 +120,36 @@ def test_long_rows_a_warp_each(dtype):
     assert torch.equal(torch_reduce.sum(x, -1), torch_reduce.sum(x, -1))
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int8], ids=str)
+def test_few_long_rows_split_over_blocks(dtype):
+    """Long rows split over blocks: where the grid is one wave (one row to 64 here), a row's blocks share one
+    grid-stride loop over it, else (300 rows) each folds a run of it; the last to finish folds their partials; 700
+    rows fill half the GPU's blocks and are not split. Row lengths with and without head and tail elements (a row
+    of an odd length starts misaligned), a view one element past alignment; sum, amax, mean and prod; bitwise the
+    same on a second call."""
+    def check(x):
+        if dtype.is_floating_point:
+            _check_sum_like(x, -1, torch_reduce.sum(x, -1), torch_reduce.amax(x, -1))
+            source = x.double()
+            mean = torch_reduce.mean(x, -1).double()
+            assert bool(((mean - source.mean(-1)).abs() <= TOL[dtype] * source.abs().mean(-1)).all()), x.shape
+        else:
+            assert torch.equal(torch_reduce.sum(x, -1), torch.sum(x, -1)), x.shape
+            assert torch.equal(torch_reduce.amax(x, -1), torch.amax(x, -1)), x.shape
+        assert torch.equal(torch_reduce.sum(x, -1), torch_reduce.sum(x, -1))
+
+    for rows, K in ((1, 2**22 + 3), (3, 2**21 + 5), (8, 2**20), (64, 2**18 + 1), (300, 2**16 + 3), (700, 2**16)):
+        check(random_tensor((rows, K), dtype, "cuda"))
+        if dtype in (torch.float32, torch.float64):  # factors whose product stays near 1
+            logs = (torch.rand(rows, K, device="cuda", dtype=torch.float64) - 0.5) * 2**-10
+            factors = logs.exp().to(dtype)
+            want = factors.double().log().sum(-1).exp()
+            got = torch_reduce.prod(factors, -1).double()
+            assert bool(((got - want).abs() <= 4 * TOL[dtype] * want).all()), (rows, K)
+    check(random_tensor((5 * 2**20 + 1,), dtype, "cuda")[1:].view(5, 2**20))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int8], ids=str)
 @pytest.mark.parametrize("N", [1, 4, 7, 8, 12, 24])

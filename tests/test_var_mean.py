@@ -11,7 +11,7 @@ from conftest import DEVICES
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12),
        torch.float16: dict(rtol=2e-3, atol=2e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
-HIDDEN = [1, 7, 32, 33, 768, 1000, 1024, 4097, 8192, 12288]
+HIDDEN = [1, 7, 32, 33, 768, 1000, 1024, 4097, 8192, 12288, 18432, 32768]
 
 
 # torch.var_mean warns when N - correction <= 0; the edge tests mean it.

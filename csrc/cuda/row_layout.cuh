@@ -1,7 +1,7 @@
 #pragma once
 // The row machinery of var_mean, LayerNorm and RMSNorm on the GPU: rows of a contiguous (rows, cols) matrix, one
 // group of threads per row: a warp for short rows (four rows a block), a block of 64..512 threads for
-// longer ones (the smallest that holds the row). Thread t of a group holds the row's 16-byte vectors
+// longer ones (the smallest that holds the row), 1024 for the longest that registers hold. Thread t of a group holds the row's 16-byte vectors
 // t, t + GROUP, ... in registers (RowRegisters), the same columns for every row it visits, and the group
 // combines its threads' statistics with warp_reduce/block_reduce. Rows that are not 16-byte aligned, or too
 // long for the registers, stream through full_reduce.cuh's thread_reduce instead.
@@ -272,7 +272,8 @@ inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<u
 // busy (ITEMS when the rows fill the GPU), so that few rows spread over more threads and more of their
 // loads are in flight at once, where that makes blocks of Tuning::kSpreadMinBlock threads or more. A row's
 // group is a warp where 32 threads hold it, else the smallest power-of-two block in [MIN_BLOCK,
-// Tuning::kMaxRowBlock] that does. Rows that are not aligned or do not fit stream (in_registers false).
+// Tuning::kMaxRowBlock] that does, else a block of Tuning::kWideRowBlock. Rows that are not aligned or do not
+// fit stream (in_registers false).
 template <typename Tuning, typename scalar_t, int ITEMS, unsigned MIN_BLOCK, typename F>
 void with_row_layout(int64_t rows, int64_t cols, bool aligned, int64_t resident_threads, F&& launch) {
   constexpr unsigned kWarpRowsBlock = Tuning::kWarpRowsBlock, kMaxRowBlock = Tuning::kMaxRowBlock;
@@ -293,6 +294,10 @@ void with_row_layout(int64_t rows, int64_t cols, bool aligned, int64_t resident_
     return with_power_of_two<MIN_BLOCK, kMaxRowBlock>(threads_needed, [&](auto block) {
       launch(block, block, std::true_type(), rows);
     });
+  }
+  if (aligned && cols % kSize == 0 && vectors <= int64_t{Tuning::kWideRowBlock} * ITEMS) {
+    using Wide = std::integral_constant<unsigned, Tuning::kWideRowBlock>;
+    return launch(Wide(), Wide(), std::true_type(), rows);
   }
   if (cols <= kWarpRowElements) return launch(Warp(), WarpBlock(), std::false_type(), warp_grid);
   launch(Streaming(), Streaming(), std::false_type(), rows);

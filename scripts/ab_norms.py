@@ -1,8 +1,9 @@
-"""The norm backward ops alone, GPU time in graph replay (torch_reduce.bench.timing), one JSON line a case: for
-comparing two builds of the extension in one session (run this once per build, alternating). Each line carries a
-digest of the op's outputs on one seeded input, so two builds that should give the same bits can be compared.
+"""The norm ops alone, backward (default) or forward, GPU time in graph replay (torch_reduce.bench.timing), one
+JSON line a case: for comparing two builds of the extension in one session (run this once per build, alternating).
+Each line carries a digest of the op's outputs on one seeded input, so two builds that should give the same bits
+can be compared.
 
-    python3 scripts/ab_norm_bwd.py --label new [--cases bfloat16:16384x4096,...]
+    python3 scripts/ab_norms.py --label new [--direction fwd] [--cases bfloat16:16384x4096,...]
 """
 import argparse
 import hashlib
@@ -23,6 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--label", required=True)
     parser.add_argument("--cases", default=CASES)
+    parser.add_argument("--direction", choices=("bwd", "fwd"), default="bwd")
     parser.add_argument("--line", type=float, default=4642.0, help="GB/s, for %% of the line")
     args = parser.parse_args()
     for case in args.cases.split(","):
@@ -40,11 +42,20 @@ def main() -> None:
             return x, torch.randn_like(x), mean, rstd, rms
 
         inputs = rotation(make, 2 * nbytes)
-        ops = {
-            "layer_norm": lambda s: torch.ops.reduce.layer_norm_bwd(s[1], s[0], [hidden], s[2], s[3], w, b,
-                                                                    [True, True, True]),
-            "rms_norm": lambda s: torch.ops.reduce.rms_norm_bwd(s[1], s[0], [hidden], s[4], w, [True, True]),
-        }
+        if args.direction == "bwd":  # reads x and dy, writes dx
+            moved = 3
+            ops = {
+                "layer_norm": lambda s: torch.ops.reduce.layer_norm_bwd(s[1], s[0], [hidden], s[2], s[3], w, b,
+                                                                        [True, True, True]),
+                "rms_norm": lambda s: torch.ops.reduce.rms_norm_bwd(s[1], s[0], [hidden], s[4], w, [True, True]),
+            }
+        else:  # reads x, writes y (var_mean: reads x)
+            moved = 2
+            ops = {
+                "layer_norm": lambda s: torch.ops.reduce.layer_norm_fwd(s[0], [hidden], w, b, 1e-5),
+                "rms_norm": lambda s: torch.ops.reduce.rms_norm_fwd(s[0], [hidden], w, 1e-5),
+                "var_mean": lambda s: torch.ops.reduce.var_mean(s[0], [-1]),
+            }
         for op, fn in ops.items():
             torch.manual_seed(0)
             outputs = fn(make())
@@ -53,7 +64,7 @@ def main() -> None:
                 bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()]
                 digest.update(out.view(bits).cpu().numpy().tobytes())
             ms = time_graph(fn, inputs).median_ms
-            line = 3 * nbytes / (ms * 1e-3) / 1e9 / args.line * 100
+            line = (1 if op == "var_mean" else moved) * nbytes / (ms * 1e-3) / 1e9 / args.line * 100
             print(json.dumps({"label": args.label, "op": op, "case": case, "us": round(ms * 1e3, 2),
                               "line_pct": round(line, 1), "digest": digest.hexdigest()[:16]}), flush=True)
         del inputs
