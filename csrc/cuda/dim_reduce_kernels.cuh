@@ -322,10 +322,9 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops op
   const int64_t row_blocks = std::min<int64_t>(rows, std::numeric_limits<int32_t>::max());
   const int64_t resident = resident_blocks<Tuning>(kernel);
   const int64_t max_splits = std::max<int64_t>(1, vectors / (Tuning::kDimBlock * Tuning::kMinVectorsPerThread));
-  // Rows that fill half a wave or more are not split: their blocks' reads alone keep the memory busy. (768, 65536)
-  // float32 sum on the H200, graph replay: 4 splits in three waves of 1,056 blocks 59.5 us, a block a row 48-54.
-  int64_t splits =
-      2 * row_blocks >= resident ? 1 : choose_splits(row_blocks, resident, max_splits, split_share<acc_t, scalar_t>(K));
+  int64_t splits = Tuning::kUnsplitRowsWaveDivisor * row_blocks >= resident
+                       ? 1
+                       : choose_splits(row_blocks, resident, max_splits, split_share<acc_t, scalar_t>(K));
   const bool one_loop = row_blocks * splits <= resident;
   const int64_t chunk = ceil_div(vectors, splits) * kVector;  // whole vectors: every run starts aligned
   if (!one_loop) splits = ceil_div(K, chunk);
