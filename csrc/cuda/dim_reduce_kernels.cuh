@@ -230,10 +230,10 @@ __global__ void __launch_bounds__(Tuning::kDimBlock)
 // One block per (row, split). Where the whole grid runs in one wave (one_loop), a row's gridDim.y blocks are one
 // grid-stride loop over it, as the whole-tensor kernel's grid is over the tensor, so they read neighbouring vectors
 // at any time; otherwise split y folds the run [y * chunk, (y + 1) * chunk) (a row's blocks then run in different
-// waves, so one loop would not keep their reads together). H200, graph replay, against runs for every grid:
-// (32, 2^24) float32 sum and amax 493-501 -> 471-477 us, bfloat16 252-255 -> 238-241, (8, 2^24) 1.01-1.02x. One
-// split: the result; several: partials[y][row], and the row's last block to finish (tickets[row]) folds them,
-// splits in order.
+// waves, so one loop would not keep their reads together). H200, graph replay, three sessions, against runs for
+// every grid: (32, 2^24) float32 sum and amax 493-511 -> 471-484 us, bfloat16 252-261 -> 238-246, (8, 2^24)
+// 1.01-1.02x. One split: the result; several: partials[y][row], and the row's last block to finish (tickets[row])
+// folds them, splits in order.
 template <typename Tuning, typename scalar_t, typename acc_t, typename out_t, typename Ops>
 __global__ void __launch_bounds__(Tuning::kDimBlock)
     row_block_kernel(const scalar_t* __restrict__ in, int64_t rows, int64_t K, int64_t chunk, bool one_loop,

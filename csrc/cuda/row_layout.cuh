@@ -1,10 +1,10 @@
 #pragma once
 // The row machinery of var_mean, LayerNorm and RMSNorm on the GPU: rows of a contiguous (rows, cols) matrix, one
 // group of threads per row: a warp for short rows (four rows a block), a block of 64..512 threads for
-// longer ones (the smallest that holds the row), 1024 for the longest that registers hold. Thread t of a group holds the row's 16-byte vectors
-// t, t + GROUP, ... in registers (RowRegisters), the same columns for every row it visits, and the group
-// combines its threads' statistics with warp_reduce/block_reduce. Rows that are not 16-byte aligned, or too
-// long for the registers, stream through full_reduce.cuh's thread_reduce instead.
+// longer ones (the smallest that holds the row), 1024 for the longest that registers hold. Thread t of a group
+// holds the row's 16-byte vectors t, t + GROUP, ... in registers (RowRegisters), the same columns for every row it
+// visits, and the group combines its threads' statistics with warp_reduce/block_reduce. Rows that are not 16-byte
+// aligned, or too long for the registers, stream through full_reduce.cuh's thread_reduce instead.
 #include <cuda_runtime.h>
 
 #include <algorithm>
