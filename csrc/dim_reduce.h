@@ -203,13 +203,8 @@ void with_reduce_ops(const ReduceKind& kind, F&& f) {
     case Reduction::Mean:
     case Reduction::VectorNorm:
       if constexpr (std::is_floating_point_v<acc_t>) {
-        const double p = kind.ord;
         if (kind.reduction == Reduction::Mean) return f(MeanOp<acc_t>{{}, acc_t(1.0 / static_cast<double>(kind.count))});
-        if (p == 2) return f(NormTwoOp<acc_t>());
-        if (p == 1) return f(NormOneOp<acc_t>());
-        if (p == 0) return f(NormZeroOp<acc_t>());
-        if (std::isinf(p)) return p > 0 ? f(NormInfOp<acc_t>()) : f(NormNegInfOp<acc_t>());
-        return f(NormPOp<acc_t>{{}, acc_t(p)});
+        return with_norm_ops<acc_t>(kind.ord, f);
       }
       break;
   }

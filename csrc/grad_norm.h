@@ -44,18 +44,6 @@ at::Tensor clip_coefficient(const at::Tensor& total_norm, double max_norm);
 // (each total a count of tensors with a non-zero element) their sum.
 at::Tensor combine_totals(const std::vector<at::Tensor>& totals, double ord);
 
-// Calls f(ops) with the norm's ops object over acc_t (common/reduce_ops.h): its transform of each element,
-// combine and projection.
-template <typename acc_t, typename F>
-decltype(auto) with_norm_ops(double ord, F&& f) {
-  if (ord == 2) return f(NormTwoOp<acc_t>());
-  if (ord == 1) return f(NormOneOp<acc_t>());
-  if (ord == 0) return f(NormZeroOp<acc_t>());
-  if (ord == INFINITY) return f(NormInfOp<acc_t>());
-  if (ord == -INFINITY) return f(NormNegInfOp<acc_t>());
-  return f(NormPOp<acc_t>{{}, static_cast<acc_t>(ord)});
-}
-
 // What a tensor's fold contributes to the total's: its accumulator, or for order 0 whether it counted any
 // non-zero element (torch's total 0-norm counts tensors, the 0-norm of the per-tensor norms).
 template <typename Ops, typename T>

@@ -1,6 +1,7 @@
-"""sum, mean and amax over the dims benchmark's outer dims (the column kernel) or rows (--set rows, narrow), GPU time
-in graph replay (inputs rotated past the L2) beside torch's, one JSON line a case, with a digest of the result's
-bits: for comparing builds or forms of a kernel (run once per build, alternating; the bits change only with the plan)."""
+"""sum, mean and amax (or --ops: also prod and vector_norm of orders 2, 0.5 and 1.5) over the dims benchmark's outer
+dims (the column kernel), rows (--set rows, narrow) or the whole tensor (--set whole), GPU time in graph replay
+(inputs rotated past the L2) beside torch's, one JSON line a case, with a digest of the result's bits: for
+comparing builds or forms of a kernel (run once per build, alternating; the bits change only with the plan)."""
 import argparse
 import hashlib
 import json
@@ -20,6 +21,7 @@ CASES = {
                 ((768, 65536), 0), ((4096, 4096), 0), ((8192, 1024), 0)],
     "rows": [((8192, 1024), -1), ((65536, 768), -1), ((2**24, 32), -1), ((4096, 4096), -1), ((32, 2**24), -1),
              ((768, 65536), -1), ((8, 2**24), -1), ((64, 256, 56, 56), (2, 3))],
+    "whole": [((2**28,), None)],
     "narrow": [((2**27, 2), -1), ((2**26, 4), -1), ((2**25, 8), -1), ((2**24, 16), -1), ((2**28, 1), -1),
                ((2**24 + 3, 2), -1), ((2**20, 7), -1)],
 }
@@ -28,11 +30,23 @@ CASES = {
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--label", required=True)
-    parser.add_argument("--set", default="columns", help="comma-separated: columns, rows, narrow")
+    parser.add_argument("--set", default="columns", help="comma-separated: columns, rows, whole, narrow")
+    parser.add_argument("--ops", default="sum,mean,amax", help="comma-separated: sum, mean, amax, prod, norm2, "
+                        "norm0.5, norm1.5 (bfloat16: sum alone)")
     args = parser.parse_args()
     cases = [case for name in args.set.split(",") for case in CASES[name]]
-    ours = {"sum": torch_reduce.sum, "mean": torch_reduce.mean, "amax": torch_reduce.amax}
-    theirs = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax}
+
+    def reduction(module, name):
+        return lambda x, dim: getattr(module, name)(x) if dim is None else getattr(module, name)(x, dim)
+
+    def norm(module, order):
+        return lambda x, dim: module.vector_norm(x, order, dim)
+
+    ours = {name: reduction(torch_reduce, name) for name in ("sum", "mean", "amax", "prod")}
+    theirs = {name: reduction(torch, name) for name in ("sum", "mean", "amax", "prod")}
+    for order in (2, 0.5, 1.5):
+        ours[f"norm{order}"], theirs[f"norm{order}"] = norm(torch_reduce, order), norm(torch.linalg, order)
+    names = args.ops.split(",")
     for dtype in (torch.float32, torch.bfloat16):
         for shape, dim in cases:
             numel = 1
@@ -41,7 +55,8 @@ def main() -> None:
             gen = torch.Generator(device="cuda").manual_seed(0)
             inputs = rotation(lambda: torch.randn(shape, device="cuda", dtype=dtype, generator=gen),
                               numel * dtype.itemsize)
-            for name, op in ours.items():
+            for name in names:
+                op = ours[name]
                 if dtype == torch.bfloat16 and name != "sum":
                     continue
                 result = op(inputs[0], dim)

@@ -39,15 +39,17 @@ int64_t resident_blocks(Kernel kernel) {
   return resident_blocks_per_sm(kernel, Tuning::kDimBlock) * multiprocessors();
 }
 
-// Into how many splits to cut the reduced extent when `blocks` blocks cover the outputs once. Equal
-// blocks finish in waves of `resident`: the time goes as ceil(blocks * s / resident) / s, so (8192, 1024)
-// over dim 0, 8 blocks, gets a whole wave's worth of splits, and 1.2 waves of blocks get 5 splits (1.2
-// waves, not 2). Each split also writes its partials and the fold reads them back: split_share is that
-// traffic, per split, as a share of the input's bytes, and weighs the time. Left out, (32, 2^24) over dim 0
-// (15.5 waves) took 3 splits (float32; bfloat16 2): 19% (25%) more bytes than the input, for 3% fewer waves.
-// H200, graph replay, 3 (2) splits -> 1: float32 sum 589 -> 513 us, bfloat16 321 -> 256 (torch 518 and 272).
-// The fewest splits within 2% of the best; at most max_splits (work per thread).
-inline int64_t choose_splits(int64_t blocks, int64_t resident, int64_t max_splits, double split_share) {
+// Into how many splits to cut the reduced extent when `blocks` blocks cover the outputs once. None where the
+// blocks fill 1 / Tuning::kUnsplitWaveDivisor of a wave already: their reads keep the memory busy. Fewer blocks
+// finish in waves of `resident`: the time goes as ceil(blocks * s / resident) / s, so (8192, 1024) over dim 0,
+// 8 blocks, gets a whole wave's worth of splits. Each split also writes its partials and the fold reads them
+// back: split_share is that traffic, per split, as a share of the input's bytes, and weighs the time. Left out,
+// (32, 2^24) over dim 0 (15.5 waves) took 3 splits (float32; bfloat16 2): 19% (25%) more bytes than the input,
+// for 3% fewer waves. H200, graph replay, 3 (2) splits -> 1: float32 sum 589 -> 513 us, bfloat16 321 -> 256
+// (torch 518 and 272). The fewest splits within 2% of the best; at most max_splits (work per thread).
+template <typename Tuning>
+int64_t choose_splits(int64_t blocks, int64_t resident, int64_t max_splits, double split_share) {
+  if (Tuning::kUnsplitWaveDivisor * blocks >= resident) return 1;
   const int64_t limit = std::min<int64_t>({max_splits, 65535, std::max<int64_t>(64, 4 * ceil_div(resident, blocks))});
   const auto time = [&](int64_t s) {
     const double traffic = s > 1 ? 1.0 + split_share * static_cast<double>(s) : 1.0;
@@ -322,9 +324,7 @@ void launch_rows(const scalar_t* in, int64_t rows, int64_t K, out_t* out, Ops op
   const int64_t row_blocks = std::min<int64_t>(rows, std::numeric_limits<int32_t>::max());
   const int64_t resident = resident_blocks<Tuning>(kernel);
   const int64_t max_splits = std::max<int64_t>(1, vectors / (Tuning::kDimBlock * Tuning::kMinVectorsPerThread));
-  int64_t splits = Tuning::kUnsplitRowsWaveDivisor * row_blocks >= resident
-                       ? 1
-                       : choose_splits(row_blocks, resident, max_splits, split_share<acc_t, scalar_t>(K));
+  int64_t splits = choose_splits<Tuning>(row_blocks, resident, max_splits, split_share<acc_t, scalar_t>(K));
   const bool one_loop = row_blocks * splits <= resident;
   const int64_t chunk = ceil_div(vectors, splits) * kVector;  // whole vectors: every run starts aligned
   if (!one_loop) splits = ceil_div(K, chunk);
@@ -501,8 +501,9 @@ void launch_columns(const scalar_t* in, int64_t outer, int64_t K, int64_t N, out
   const int64_t bx = std::min<int64_t>(Tuning::kDimBlock / by, next_power_of_two(groups));
   const int64_t blocks = ceil_div(groups, bx);
   TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many columns for one launch");
-  int64_t splits = choose_splits(blocks, resident_blocks<Tuning>(kernel), std::max<int64_t>(1, K / (by * Tuning::kMinRowsPerThread)),
-                                 split_share<acc_t, scalar_t>(K));
+  int64_t splits = choose_splits<Tuning>(blocks, resident_blocks<Tuning>(kernel),
+                                         std::max<int64_t>(1, K / (by * Tuning::kMinRowsPerThread)),
+                                         split_share<acc_t, scalar_t>(K));
   const int64_t rows_per_split = ceil_div(K, splits);
   splits = ceil_div(K, rows_per_split);
   FoldScratch scratch;

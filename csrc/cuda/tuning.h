@@ -30,10 +30,12 @@ struct HopperTuning {
   static constexpr int kRowSets = 4;
   // A split of a long row keeps each of the block's threads busy for at least this many vectors.
   static constexpr int64_t kMinVectorsPerThread = 8;
-  // Long rows whose blocks fill at least 1 / kUnsplitRowsWaveDivisor of a wave are not split: their reads alone keep
-  // the memory busy. (768, 65536) float32 sum, graph replay: 4 splits in three waves of 1,056 blocks 59.5 us, a
-  // block a row 48-54.
-  static constexpr int64_t kUnsplitRowsWaveDivisor = 2;
+  // A row or column reduction whose blocks fill at least 1 / kUnsplitWaveDivisor of a wave is not split: their reads
+  // alone keep the memory busy, and the waves of a split grid cost more than they save. H200, graph replay: rows of
+  // (768, 65536) float32 sum, 4 splits in three waves of 1,056 blocks 59.5 us, a block a row 48-54; the float32
+  // product over dim 0 of it (512 blocks of 42 registers, 660 a wave), 5 splits in four waves 59.5-61.0 us (torch
+  // 50.5-52.0).
+  static constexpr int64_t kUnsplitWaveDivisor = 2;
   static constexpr int kColumnLoadsInFlight = 4;  // column kernel: rows a thread loads before adding any
   // Rows shorter than this many bytes are read as tiles of whole rows through shared memory, kTileVectors
   // 16-byte vectors a thread: a lane a row kept one 8-byte load in flight ((2^27, 2) over dim -1: 1336 GB/s).

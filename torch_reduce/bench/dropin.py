@@ -27,7 +27,7 @@ GRAPH_CALLS = 512  # calls per captured graph (capturing thousands of tiny calls
 DTYPE_EXPONENT = 28
 MATRIX_SHAPES = [(8192, 1024), (1024, 8192), (65536, 768), (768, 65536), (16384, 4096), (32, 2**24), (2**24, 32)]
 DTYPE_TARGETS = {torch.int32: 4.0, torch.int8: 10.0, torch.bool: 10.0, torch.float16: 1.1, torch.bfloat16: 1.1}
-NORM_ORDS = (2, 1, float("inf"), 0, 0.5)  # (g): every kind of vector_norm kernel (0.5: a general p)
+NORM_ORDS = (2, 1, float("inf"), 0, 0.5, 1.5)  # (g): every kind of vector_norm kernel (1.5: a general p, a pow)
 ACCURACY_TARGET = 2.0**-24  # of the sum of magnitudes: one float32 rounding of it
 DETERMINISM_RUNS = 100
 
