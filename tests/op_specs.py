@@ -225,7 +225,9 @@ def vector_norm_samples(device, dtype, requires_grad):
     yield (t((3, 5, 7), "transposed"), -float("inf"), -1), {"keepdim": True}
     yield (t((6, 9), "stepped"), 3, 0), {}
     yield (t((4, 7), "expanded"), 0.5, 1), {}
-    yield (t((4, 7), "expanded"), -1.5, (0,)), {"keepdim": True}
+    # Values near 1 for the negative order: its gradient holds |x|^(p - 2), past float16's range below |x| ~ 0.01,
+    # where torch's CUDA backward and ours round their intermediates at different steps (inf against finite).
+    yield (make_near_one((4, 7), device, dtype, requires_grad, "expanded"), -1.5, (0,)), {"keepdim": True}
     yield (t(()), 2), {}
     yield (t((1001,)), 2, 0), {}
     yield (t((2, 3)), 2.5, None, True), {}

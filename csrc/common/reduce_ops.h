@@ -202,7 +202,8 @@ struct MeanOp : SumOp<T> {
 };
 
 // Vector norms over floating T, as torch.linalg.vector_norm computes them: sum |x|^p, then ^(1/p), with
-// the orders that need no power on their own ops (the power costs ~20 instructions an element).
+// the orders that need no power on their own ops (the power is most of the 78 instructions an element of order
+// 1.5's whole-tensor kernel, Nsight Compute on the H200; the square root's kernel takes 13.5).
 template <typename T>
 struct NormZeroOp : SumOp<T> {  // the count of non-zeros (NaN counts)
   TR_HOST_DEVICE T transform(T x) const { return x == T(0) ? T(0) : T(1); }
@@ -229,8 +230,8 @@ struct NormNegInfOp : MinOp<T> {  // min |x|; NaN wins
   TR_HOST_DEVICE T transform(T x) const { return std::fabs(x); }
 };
 
-// p = 1/2: |x|^(1/2) is a square root, correctly rounded (pow's error is larger), in a few instructions where the
-// power takes ~90 (the fold of 2^28 float32 elements ran at 31% of the line with pow, torch's the same).
+// p = 1/2: |x|^(1/2) is a square root, correctly rounded (pow's error is larger). H200, 2^28 float32, graph replay:
+// 752 -> 260 us (31% -> 89% of the line; torch, with pow, 721).
 template <typename T>
 struct NormHalfOp : SumOp<T> {
   TR_HOST_DEVICE T transform(T x) const { return std::sqrt(std::fabs(x)); }
