@@ -32,6 +32,7 @@ def main() -> None:
         rows, hidden = map(int, shape.split("x"))
         dtype = getattr(torch, dtype_name)
         nbytes = rows * hidden * dtype.itemsize
+        torch.manual_seed(0)  # the same weight and bias in every process, as the digests' inputs below
         w = torch.randn(hidden, device="cuda", dtype=dtype)
         b = torch.randn(hidden, device="cuda", dtype=dtype)
 

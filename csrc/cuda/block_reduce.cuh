@@ -65,6 +65,12 @@ __device__ __forceinline__ T shfl_down(const T& v, unsigned offset, unsigned wid
   return shuffled(v, [=](auto x) { return __shfl_down_sync(kFullMask, x, offset, width); });
 }
 
+// The value of lane (this lane) ^ mask.
+template <typename T>
+__device__ __forceinline__ T shfl_xor(const T& v, unsigned mask) {
+  return shuffled(v, [=](auto x) { return __shfl_xor_sync(kFullMask, x, mask); });
+}
+
 // Lane `source`'s value, in every lane of the warp.
 template <typename T>
 __device__ __forceinline__ T shfl_broadcast(const T& v, unsigned source) {

@@ -106,8 +106,15 @@ class GroupAllreduce {
       const unsigned lane = threadIdx.x % kWarpSize, warps = group_threads<GROUP>() / kWarpSize;
       if (lane == 0) warp_results[buffer_][threadIdx.x / kWarpSize] = v;
       __syncthreads();
-      if constexpr (GROUP == kAnyBlock || CombineDivides<T>::value) {
+      if constexpr (CombineDivides<T>::value) {
         v = shfl_broadcast(warp_reduce(lane < warps ? warp_results[buffer_][lane] : Op::identity(), op), 0);
+      } else if constexpr (GROUP == kAnyBlock) {
+        // A butterfly over the warp results, padded to a power of two (`span`) and repeated across the warp's
+        // lanes: log2(span) steps and no broadcast, where the tree takes five and one. Partners compute
+        // op(a, b) and op(b, a), the same bits for these plain sums (not for Welford's combine, above).
+        const unsigned span = warps > 1 ? 2u << (31 - __clz(warps - 1)) : 1u, w = lane & (span - 1);
+        v = w < warps ? warp_results[buffer_][w] : Op::identity();
+        for (unsigned offset = 1; offset < span; offset <<= 1) v = op(v, shfl_xor(v, offset));
       } else {
         v = warp_results[buffer_][0];
 #pragma unroll
