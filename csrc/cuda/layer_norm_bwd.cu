@@ -91,7 +91,7 @@ enum class ColumnSums { Registers, Shared };
 
 // Whether a row kernel always gets a weight (ones where the norm has none), so that it has one path: the null
 // weight's branch doubled the shared-memory kernels' code and cost a move an element a pass (bfloat16 LayerNorm
-// 16384x4096 backward 1.06x, 33.5 against 35.8 instructions an element), and 16-bit register kernels ran 1.03-1.08x
+// 16384x4096 backward 1.06x, 33.5 against 35.8 instructions an element), and 16-bit register kernels ran 1.02-1.07x
 // without it (bfloat16 rows of 12288). The float32 register kernels keep the branch: without it ptxas issues the
 // weight's loads among the row's, the row's last loads later (float32 LayerNorm 8192x8192 0.84x, 16384x4096 0.94x).
 template <typename scalar_t>
