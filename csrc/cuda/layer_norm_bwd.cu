@@ -57,6 +57,11 @@
 //   LayerNorm/RMSNorm cases (geomean 0.955; bfloat16 16384x4096 0.94x and 0.88x, 1024x4096 0.79x), at the same
 //   blocks per SM or with the staged rows counted as in progress (layernorm_bwd_variants.md). Loads in flight
 //   are not what holds the bfloat16 backward.
+// - the 16-bit weight widened once into shared memory (behind the column sums, in column_run's layout) and read from
+//   there in both passes, where each pass loads and widens it, with the row offset carried from row to row (no
+//   multiply a row): 492 instructions a row in the shared-memory kernel's loop for 522 (bfloat16 LayerNorm, two
+//   vectors a thread), but 0.89-1.04x over 26 LayerNorm/RMSNorm cases (geomean 0.97; bfloat16 LayerNorm 16384x4096
+//   116.5 -> 130.9 us, RMSNorm 65536x1024 106.8 -> 115.3; float32 the same): fewer instructions, not less time.
 // Nsight Compute, bfloat16 16384x4096, sums in registers: 121 registers, 4 warps per scheduler (1.2 eligible),
 // an instruction issued in 57% of cycles, DRAM 50% busy, the top stall (30%) a wait on L1TEX. Sums in shared
 // memory (the kernel chosen there): 64 registers, 6.7 warps per scheduler (2.3 eligible), an instruction issued in
