@@ -1,0 +1,57 @@
+"""Does where the inputs land in GPU memory move a norm's time? For each trial, a random pad (0-1 GiB, 2 MiB steps)
+is allocated first, then the benchmark's rotation of inputs; the RMSNorm forward and backward ops, torch's
+F.rms_norm and x * 2 are timed in graph replay (torch_reduce.bench.timing.time_graph, as the benchmark times them),
+then everything is freed. One JSON line a (case, trial, op); the spread over trials is the placement's share of a
+benchmark figure.
+
+    python3 scripts/placement_probe.py bfloat16:16384x4096 [--trials 8]
+"""
+import argparse
+import json
+import random
+
+import torch
+import torch.nn.functional as F
+
+import torch_reduce  # noqa: F401  (registers torch.ops.reduce)
+from torch_reduce.bench.timing import rotation, time_graph
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cases", nargs="+", help="dtype:ROWSxHIDDEN")
+    parser.add_argument("--trials", type=int, default=8)
+    args = parser.parse_args()
+    rng = random.Random(0)
+    for case in args.cases:
+        dtype_name, shape = case.split(":")
+        rows, hidden = map(int, shape.split("x"))
+        dtype = getattr(torch, dtype_name)
+        nbytes = rows * hidden * dtype.itemsize
+        w = torch.randn(hidden, device="cuda", dtype=dtype)
+        for trial in range(args.trials):
+            pad = torch.empty(rng.randrange(0, 513) * 2**21, dtype=torch.uint8, device="cuda")
+
+            def make():
+                x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+                return x, torch.randn_like(x), torch.ops.reduce.rms_norm_fwd(x, [hidden], w, 1e-5)[1]
+
+            inputs = rotation(make, nbytes)
+            ops = {
+                "rms_norm": (lambda s: torch.ops.reduce.rms_norm_fwd(s[0], [hidden], w, 1e-5), 2),
+                "torch_rms_norm": (lambda s: F.rms_norm(s[0], [hidden], w, 1e-5), 2),
+                "x*2": (lambda s: s[0] * 2, 2),
+                "rms_norm_bwd": (lambda s: torch.ops.reduce.rms_norm_bwd(s[1], s[0], [hidden], s[2], w, [True, True]),
+                                 3),
+            }
+            for op, (fn, moved) in ops.items():
+                ms = time_graph(fn, inputs, replays=10).median_ms
+                print(json.dumps({"case": case, "trial": trial, "pad_mib": pad.numel() >> 20, "op": op,
+                                  "us": round(ms * 1e3, 2),
+                                  "line_pct": round(moved * nbytes / (ms * 1e-3) / 1e9 / 4642 * 100, 1)}), flush=True)
+            del inputs, pad
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
