@@ -16,9 +16,11 @@ import json
 import random
 import statistics
 
-import torch
+from functools import partial
 
-import torch_reduce  # noqa: F401  (registers torch.ops.reduce)
+import torch
+from norm_cases import norm_input, parse
+
 from torch_reduce.bench.timing import rotation, time_graph
 
 CASES = ("bfloat16:1024x4096,bfloat16:2048x2560,bfloat16:16384x1600,bfloat16:65536x768,bfloat16:65536x1024,"
@@ -37,19 +39,11 @@ def main() -> None:
     args = parser.parse_args()
     pads = random.Random(0)
     for case in args.cases.split(","):
-        dtype_name, shape = case.split(":")
-        rows, hidden = map(int, shape.split("x"))
-        dtype = getattr(torch, dtype_name)
-        nbytes = rows * hidden * dtype.itemsize
+        dtype, rows, hidden, nbytes = parse(case)
         torch.manual_seed(0)  # the same weight and bias in every process, as the digests' inputs below
         w = torch.randn(hidden, device="cuda", dtype=dtype)
         b = torch.randn(hidden, device="cuda", dtype=dtype)
-
-        def make():
-            x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
-            _, mean, rstd = torch.ops.reduce.layer_norm_fwd(x, [hidden], w, b, 1e-5)
-            _, rms = torch.ops.reduce.rms_norm_fwd(x, [hidden], w, 1e-5)
-            return x, torch.randn_like(x), mean, rstd, rms
+        make = partial(norm_input, rows, hidden, dtype, w, b)
 
         # One rotation a placement, made after its pad (none for a single placement).
         placements = []

@@ -8,6 +8,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from norm_cases import parse
 
 import torch_reduce
 from torch_reduce.bench.layernorm import GRAPH_REPLAYS, Sample, _parameters, _timed_call
@@ -16,10 +17,7 @@ from torch_reduce.bench.timing import rotation, time_graph
 
 def main() -> None:
     for case in sys.argv[1:]:
-        dtype_name, shape = case.split(":")
-        rows, hidden = map(int, shape.split("x"))
-        dtype = getattr(torch, dtype_name)
-        nbytes = rows * hidden * dtype.itemsize
+        dtype, rows, hidden, nbytes = parse(case)
         (w,) = _parameters(hidden, dtype, 1)
         samples = rotation(lambda: Sample(torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True),
                                           torch.randn(rows, hidden, device="cuda", dtype=dtype)), nbytes)

@@ -9,11 +9,12 @@ benchmark figure.
 import argparse
 import json
 import random
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+from norm_cases import norm_input, parse
 
-import torch_reduce  # noqa: F401  (registers torch.ops.reduce)
 from torch_reduce.bench.timing import rotation, time_graph
 
 
@@ -24,24 +25,17 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(0)
     for case in args.cases:
-        dtype_name, shape = case.split(":")
-        rows, hidden = map(int, shape.split("x"))
-        dtype = getattr(torch, dtype_name)
-        nbytes = rows * hidden * dtype.itemsize
+        dtype, rows, hidden, nbytes = parse(case)
         w = torch.randn(hidden, device="cuda", dtype=dtype)
+        b = torch.randn(hidden, device="cuda", dtype=dtype)
         for trial in range(args.trials):
             pad = torch.empty(rng.randrange(0, 513) * 2**21, dtype=torch.uint8, device="cuda")
-
-            def make():
-                x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
-                return x, torch.randn_like(x), torch.ops.reduce.rms_norm_fwd(x, [hidden], w, 1e-5)[1]
-
-            inputs = rotation(make, nbytes)
+            inputs = rotation(partial(norm_input, rows, hidden, dtype, w, b), nbytes)
             ops = {
                 "rms_norm": (lambda s: torch.ops.reduce.rms_norm_fwd(s[0], [hidden], w, 1e-5), 2),
                 "torch_rms_norm": (lambda s: F.rms_norm(s[0], [hidden], w, 1e-5), 2),
                 "x*2": (lambda s: s[0] * 2, 2),
-                "rms_norm_bwd": (lambda s: torch.ops.reduce.rms_norm_bwd(s[1], s[0], [hidden], s[2], w, [True, True]),
+                "rms_norm_bwd": (lambda s: torch.ops.reduce.rms_norm_bwd(s[1], s[0], [hidden], s[4], w, [True, True]),
                                  3),
             }
             for op, (fn, moved) in ops.items():

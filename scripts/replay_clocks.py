@@ -18,10 +18,12 @@ import statistics
 import subprocess
 import time
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
+from norm_cases import norm_input, parse
 
-import torch_reduce  # noqa: F401  (registers torch.ops.reduce)
 from torch_reduce.bench.timing import rotation
 
 # What nvidia-smi is asked for, where this GPU and driver report it.
@@ -88,20 +90,10 @@ def medians(samples: list[dict]) -> dict:
 def graphs_of(case: str) -> tuple[int, dict, list]:
     """(bytes of one x, {op: (graph of one call per rotated input, calls, tensors of x's bytes each call moves)},
     the tensors the graphs read: a graph holds no reference to them, so the caller keeps them alive)."""
-    dtype_name, shape = case.split(":")
-    rows, hidden = map(int, shape.split("x"))
-    dtype = getattr(torch, dtype_name)
-    nbytes = rows * hidden * dtype.itemsize
+    dtype, rows, hidden, nbytes = parse(case)
     w = torch.randn(hidden, device="cuda", dtype=dtype)
     b = torch.randn(hidden, device="cuda", dtype=dtype)
-
-    def make():
-        x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
-        _, mean, rstd = torch.ops.reduce.layer_norm_fwd(x, [hidden], w, b, 1e-5)
-        _, rms_rstd = torch.ops.reduce.rms_norm_fwd(x, [hidden], w, 1e-5)
-        return x, torch.randn_like(x), mean, rstd, rms_rstd
-
-    inputs = rotation(make, 2 * nbytes)
+    inputs = rotation(partial(norm_input, rows, hidden, dtype, w, b), 2 * nbytes)
     ops = {  # name: (call on an input, tensors of nbytes moved)
         "copy": (lambda s: s[0].clone(), 2),
         "x*2": (lambda s: s[0] * 2, 2),
