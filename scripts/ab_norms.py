@@ -15,7 +15,6 @@ import hashlib
 import json
 import random
 import statistics
-
 from functools import partial
 
 import torch

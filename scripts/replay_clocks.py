@@ -17,7 +17,6 @@ import json
 import statistics
 import subprocess
 import time
-
 from functools import partial
 
 import torch
