@@ -324,6 +324,33 @@ def test_forward_rows_too_long_for_512_threads(name, dtype, hidden):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows,hidden", [(6001, 1600), (8193, 2560), (5003, 4096), (301, 8200), (701, 18440)])
+def test_forward_more_rows_than_resident_blocks(rows, hidden, dtype):
+    """Rows of a warp or a block each (up to 1024 threads), more of them than the GPU holds at once, so the grid
+    runs in waves, the last one partial: every norm's output against the float64 formula, the statistics the
+    backward reads (mean, rstd) against float64, var_mean beside."""
+    x, r = (torch.randn(rows, hidden, device="cuda").to(dtype) for _ in range(2))
+    w, b = (t.detach() for t in make_params((hidden,), dtype, "cuda", True, True))
+    for name, call in NORM_CALLS.items():
+        s = (x + r) if name.startswith("add") else x
+        want = TORCH_NORM_CALLS[name.removeprefix("add_")](s.double(), None, w.double(), b.double())
+        kappa = conditioning(s, (hidden,), 1e-5)
+        torch.testing.assert_close(call(x, r, w, b), want.to(dtype), **{k: v * kappa for k, v in TOL[dtype].items()})
+    x64 = x.double()
+    var64, mean64 = x64.var(-1, correction=0), x64.mean(-1)
+    _, mean, rstd = torch.ops.reduce.layer_norm_fwd(x, [hidden], w, b, 1e-5)
+    _, rms_rstd = torch.ops.reduce.rms_norm_fwd(x, [hidden], w, 1e-5)
+    torch.testing.assert_close(mean.double().view(rows), mean64, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd.double().view(rows), (var64 + 1e-5).rsqrt(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rms_rstd.double().view(rows), (x64.square().mean(-1) + 1e-5).rsqrt(), rtol=1e-5,
+                               atol=1e-5)
+    var, mean = torch_reduce.var_mean(x, -1, correction=0)
+    torch.testing.assert_close(mean.double(), mean64, **TOL[dtype])
+    torch.testing.assert_close(var.double(), var64, **TOL[dtype])
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype,hidden,param_dtype", [(torch.bfloat16, 20472, torch.float32),
                                                      (torch.bfloat16, 20472, None), (torch.float32, 16392, None)],
                          ids=str)
