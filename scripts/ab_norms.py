@@ -1,8 +1,8 @@
 """The norm ops alone, backward (default) or forward, GPU time in graph replay (torch_reduce.bench.timing), one
 JSON line a case: for comparing two builds of the extension in one session (run this once per build, alternating).
 Each line carries a digest of the op's outputs on one seeded input, so two builds that should give the same bits
-can be compared. The forward direction times torch's x * 2 beside the ops: a copy of the same bytes, the ceiling a
-forward is measured against.
+can be compared. The forward direction times torch's x * 2 beside the ops (a copy of the same bytes, the ceiling a
+forward is measured against) and Liger-Kernel's LayerNorm and RMSNorm forwards where liger_kernel imports.
 
     python3 scripts/ab_norms.py --label new [--direction fwd] [--cases bfloat16:16384x4096,...] [--placements 5]
 
@@ -19,7 +19,7 @@ import statistics
 from functools import partial
 
 import torch
-from norm_cases import norm_input, parse
+from norm_cases import liger_forwards, norm_input, parse
 
 from torch_reduce.bench.timing import rotation, time_graph
 
@@ -65,6 +65,7 @@ def main() -> None:
                 "rms_norm": lambda s: torch.ops.reduce.rms_norm_fwd(s[0], [hidden], w, 1e-5),
                 "var_mean": lambda s: torch.ops.reduce.var_mean(s[0], [-1]),
                 "x*2": lambda s: s[0] * 2,  # torch's copy of the same bytes: what a read + write stream takes
+                **{name: (lambda s, f=f: f(s[0])) for name, f in liger_forwards(w, b).items()},
             }
         for op, fn in ops.items():
             torch.manual_seed(0)

@@ -14,7 +14,10 @@
 //   RMSNorm cases (geomean 0.94; bfloat16 RMSNorm 16384x4096 69.2 -> 78.2 us; only LayerNorm bfloat16 2048x18432
 //   gained, 52.0 -> 48.1);
 // - x loaded and y stored with evict-first hints (ld/st.global.cs): RMSNorm 0-11% faster, LayerNorm up to 17%
-//   slower (benchmarks/results/nvidia-h200/norm_half_and_unsplit_columns.md).
+//   slower (benchmarks/results/nvidia-h200/norm_half_and_unsplit_columns.md);
+// - more threads a row (at most 4 or 2 vectors a thread, the layouts of Liger-Kernel's Triton kernels): float32
+//   2048x4096 LayerNorm 23.4 -> 21.3 us at one or two waves of rows, bfloat16 16384x4096 74.0 -> 79.7-87.6 at many
+//   (benchmarks/results/nvidia-h200/norm_forward_layouts.md).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -42,7 +45,9 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t v) {
 
 // kResidual: a fused add + norm (residual and sum_out given). A template flag, so the ordinary kernels keep
 // their registers: as a run-time branch the add spilled the float32 LayerNorm kernels (ptxas, sm_90).
-template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, bool kInRegisters, bool kResidual,
+// ITEMS: the vectors of a row a thread holds at most (Tuning::kItems, or Tuning::kParamsFirstItems where the
+// layout gives a thread no more: those kernels load the weight and bias with the row, before the statistics).
+template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, bool kInRegisters, bool kResidual,
           typename scalar_t, typename param_t, typename acc_t>
 __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
     row_norm_fwd_kernel(const scalar_t* __restrict__ in, const scalar_t* __restrict__ residual,
@@ -53,10 +58,24 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   if (row >= rows) return;
   const unsigned t = threadIdx.x % GROUP;
   const scalar_t* x = in + row * cols;
-  constexpr int kItems = Tuning::kItems;
-  const int64_t vectors = cols / Vec16<scalar_t>::kSize;
+  constexpr int kItems = ITEMS;
+  using V = Vec16<scalar_t>;
+  const int64_t vectors = cols / V::kSize;
   RowRegisters<scalar_t, kItems> regs;
   if constexpr (kInRegisters) load_row<GROUP>(regs, x, vectors, t);
+  // The weight and bias with the row, so that their loads are not waited on after the statistics
+  // (Tuning::kParamsFirstItems).
+  constexpr bool kParamsFirst = kInRegisters && ITEMS <= Tuning::kParamsFirstItems;
+  acc_t w_first[kParamsFirst ? ITEMS : 1][V::kSize], b_first[kParamsFirst ? ITEMS : 1][V::kSize];
+  if constexpr (kParamsFirst) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t i = t + static_cast<int64_t>(k) * GROUP;
+      if (i >= vectors) continue;
+      if (weight != nullptr) load_params(weight, i * V::kSize, w_first[k]);
+      if (kNorm == RowNorm::Layer && bias != nullptr) load_params(bias, i * V::kSize, b_first[k]);
+    }
+  }
   // The row's first element, row_stats's shift (x + residual rounded as add_residual rounds it).
   scalar_t first = x[0];
   if constexpr (kResidual) {
@@ -99,14 +118,21 @@ __global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
   };
   scalar_t* y = out + row * cols;
   if constexpr (kInRegisters) {
-    using V = Vec16<scalar_t>;
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
       const int64_t i = t + static_cast<int64_t>(k) * GROUP;
       if (i >= vectors) continue;
       acc_t wv[V::kSize] = {}, bv[V::kSize] = {};
-      if (weight != nullptr) load_params(weight, i * V::kSize, wv);
-      if (kNorm == RowNorm::Layer && bias != nullptr) load_params(bias, i * V::kSize, bv);
+      if constexpr (kParamsFirst) {
+#pragma unroll
+        for (int e = 0; e < V::kSize; ++e) {
+          if (weight != nullptr) wv[e] = w_first[k][e];
+          if (kNorm == RowNorm::Layer && bias != nullptr) bv[e] = b_first[k][e];
+        }
+      } else {
+        if (weight != nullptr) load_params(weight, i * V::kSize, wv);
+        if (kNorm == RowNorm::Layer && bias != nullptr) load_params(bias, i * V::kSize, bv);
+      }
       acc_t xf[V::kSize];
       widen(regs.v[k], xf);
       V o;
@@ -169,14 +195,24 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
         with_row_layout<Tuning, scalar_t, Tuning::kItems, Tuning::kMinRowBlock>(
             s.rows, s.cols, aligned, multiprocessors() * Tuning::kOneTensorThreads,
             [&](auto group, auto block, auto in_registers, int64_t grid) {
-          const auto launch = [&](auto residual_given) {
-            row_norm_fwd_kernel<Tuning, kNorm, decltype(group)::value, decltype(block)::value,
+          const auto launch = [&](auto residual_given, auto items) {
+            row_norm_fwd_kernel<Tuning, kNorm, decltype(group)::value, decltype(block)::value, decltype(items)::value,
                                 decltype(in_registers)::value, decltype(residual_given)::value, scalar_t, param_t,
                                 acc_t><<<grid, decltype(block)::value, 0, stream>>>(
                 xp, rp, wp, bp, yp, sp, mp, rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols, static_cast<acc_t>(eps));
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           };
-          rp != nullptr ? launch(std::true_type()) : launch(std::false_type());
+          // A thread's vectors at most: Tuning::kParamsFirstItems where the layout gives it no more.
+          const auto with_items = [&](auto residual_given) {
+            using Few = std::integral_constant<int, Tuning::kParamsFirstItems>;
+            if constexpr (decltype(in_registers)::value) {
+              if (s.cols / Vec16<scalar_t>::kSize <= int64_t{Few::value} * decltype(group)::value) {
+                return launch(residual_given, Few());
+              }
+            }
+            launch(residual_given, std::integral_constant<int, Tuning::kItems>());
+          };
+          rp != nullptr ? with_items(std::true_type()) : with_items(std::false_type());
         });
       });
     });

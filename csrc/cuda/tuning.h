@@ -50,6 +50,14 @@ struct HopperTuning {
   // in flight per thread as a float32 one. 16-bit elements stay packed between passes (repack), so they cost
   // the registers float32 elements do.
   static constexpr int kItems = 8;
+  // Rows whose layout gives a thread at most this many vectors run the forward kernel compiled for that many, which
+  // loads the weight and bias with the row instead of after the statistics (the kernel of kItems waits on those
+  // loads with its row reduced). H200, graph replay, the op alone, 1024 rows of bfloat16 768-1600: LayerNorm
+  // 4.02-4.91 -> 3.19-4.27 us (Liger-Kernel 3.01-4.13), RMSNorm 2.94-3.61 -> 2.57-3.27 (Liger 2.64-3.55); the same
+  // bits. Forcing that many on wider rows (more threads a row) lost where it changed the layout (bfloat16
+  // 16384x4096 LayerNorm 74.0 -> 87.6 us, float32 16384x4096 136 -> 172) and gained at float32 8192x1024 (23.2 ->
+  // 20.2): benchmarks/results/nvidia-h200/norm_forward_layouts.md.
+  static constexpr int kParamsFirstItems = 2;
   static constexpr unsigned kWarpRowsBlock = 128;  // warp-per-row kernels: four rows per block
   static constexpr unsigned kMinRowBlock = 64, kMaxRowBlock = 512;
   // Rows longer than kMaxRowBlock threads hold (float32 16,388..32,768 elements) take a block of this many in the
