@@ -74,6 +74,21 @@ def test_hidden_sizes(hidden, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("rows,hidden", [(5, 64), (67, 1024), (67, 1600), (1030, 4096), (3, 12288)])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_16bit_input_float32_params_every_layout(rows, hidden, dtype, with_bias, device):
+    """float32 weight and bias beside a 16-bit input (mixed precision) in each row layout of the GPU forward: a warp
+    a row, blocks whose threads hold at most two vectors (the kernel that loads the parameters with the row), blocks
+    of more vectors a thread, and wide rows."""
+    if device == "cpu" and rows * hidden > 2**16:
+        rows = 3
+    x = (2 + 3 * torch.randn(rows, hidden, device=device)).to(dtype)
+    weight, bias = make_params((hidden,), torch.float32, device, True, with_bias)
+    check(x, (hidden,), weight, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=30, deadline=None)
 @given(batch=st.lists(st.integers(1, 5), min_size=0, max_size=2),
        normalized=st.lists(st.sampled_from([1, 2, 3, 7, 8, 16, 33, 64]), min_size=1, max_size=3),
