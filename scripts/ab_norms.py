@@ -5,6 +5,7 @@ can be compared. The forward direction times torch's x * 2 beside the ops (a cop
 forward is measured against) and Liger-Kernel's LayerNorm and RMSNorm forwards where liger_kernel imports.
 
     python3 scripts/ab_norms.py --label new [--direction fwd] [--cases bfloat16:16384x4096,...] [--placements 5]
+        [--ops layer_norm,rms_norm]
 
 --placements K: each case timed K times, each with its inputs placed after a pad of its own size (0-1 GiB, the same
 seeded sizes in every process), and the line gives the median and the range over the K: the forward's time moves
@@ -36,7 +37,9 @@ def main() -> None:
     parser.add_argument("--direction", choices=("bwd", "fwd"), default="bwd")
     parser.add_argument("--line", type=float, default=4642.0, help="GB/s, for %% of the line")
     parser.add_argument("--placements", type=int, default=1)
+    parser.add_argument("--ops", default="", help="comma-separated op names to time (default: every op)")
     args = parser.parse_args()
+    only = set(filter(None, args.ops.split(",")))
     pads = random.Random(0)
     for case in args.cases.split(","):
         dtype, rows, hidden, nbytes = parse(case)
@@ -68,6 +71,8 @@ def main() -> None:
                 **{name: (lambda s, f=f: f(s[0])) for name, f in liger_forwards(w, b).items()},
             }
         for op, fn in ops.items():
+            if only and op not in only:
+                continue
             torch.manual_seed(0)
             outputs = fn(make())
             outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)

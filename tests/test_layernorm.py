@@ -339,6 +339,29 @@ def test_forward_rows_too_long_for_512_threads(name, dtype, hidden):
 
 
 @requires_cuda
+@pytest.mark.parametrize("name", list(NORM_CALLS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows,hidden", [(8192, 96), (8192, 448), (8192, 1024), (1024, 4096), (4096, 8192),
+                                         (257, 16384), (37, 20000)])
+def test_forward_kernel_of_each_width(rows, hidden, dtype, name):
+    """The forward kernels compiled for 2, 4 and 8 vectors a thread, in each layout that launches them: warps of one,
+    two, four and eight vectors a thread (96, 448, 1024; float32 LayerNorm 1024: blocks of 64 threads, at most four
+    vectors a thread), blocks of 128-512 threads (4096, 8192, bfloat16 16384), 1024 threads of four (float32
+    LayerNorm 16384) and blocks of five vectors a thread (20000: past what 1024 threads hold at four): every norm,
+    the fused sum included, against the float64 formula of the input rounded as torch's add rounds it."""
+    x, r = (torch.randn(rows, hidden, device="cuda").to(dtype) for _ in range(2))
+    w, b = make_params((hidden,), dtype, "cuda", True, True)
+    w, b = w.detach(), b.detach()
+    got = NORM_CALLS[name](x, r, w, b)
+    s = (x + r) if name.startswith("add") else x
+    want = TORCH_NORM_CALLS[name.removeprefix("add_")](s.double(), None, w.double(), b.double())
+    kappa = conditioning(s, (hidden,), 1e-5)
+    torch.testing.assert_close(got, want.to(dtype), **{k: v * kappa for k, v in TOL[dtype].items()})
+    if name.startswith("add"):
+        assert torch.equal(NORM_CALLS_SUM[name](x, r, w, b), s)
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("rows,hidden", [(6001, 1600), (8193, 2560), (5003, 4096), (301, 8200), (701, 18440)])
 def test_forward_more_rows_than_resident_blocks(rows, hidden, dtype):

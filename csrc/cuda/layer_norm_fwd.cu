@@ -15,9 +15,16 @@
 //   gained, 52.0 -> 48.1);
 // - x loaded and y stored with evict-first hints (ld/st.global.cs): RMSNorm 0-11% faster, LayerNorm up to 17%
 //   slower (benchmarks/results/nvidia-h200/norm_half_and_unsplit_columns.md);
-// - more threads a row (at most 4 or 2 vectors a thread, the layouts of Liger-Kernel's Triton kernels): float32
-//   2048x4096 LayerNorm 23.4 -> 21.3 us at one or two waves of rows, bfloat16 16384x4096 74.0 -> 79.7-87.6 at many
-//   (benchmarks/results/nvidia-h200/norm_forward_layouts.md).
+// - more threads a row (at most 4 or 2 vectors a thread, the layouts of Liger-Kernel's Triton kernels) with the
+//   kernel of 8 vectors (64 registers): float32 2048x4096 LayerNorm 23.4 -> 21.3 us at one or two waves of rows,
+//   bfloat16 16384x4096 74.0 -> 79.7-87.6 at many (benchmarks/results/nvidia-h200/norm_forward_layouts.md). With
+//   kernels compiled for 4 and 2 vectors at 1280 and 1536 threads an SM, at most 4 is kept for float32 LayerNorm
+//   (tuning.h, kFloatLayerNormItems); at most 2 and 1 lost (LayerNorm geomean 0.95x and 0.71x over 32 cases,
+//   float32 16384x8192 0.61x at both), and the kernel of 2 spilled at 32 and 40 registers (LayerNorm, bfloat16:
+//   104-208 bytes);
+// - the row's sums in four accumulators a thread (add chains a quarter as long): LayerNorm geomean 1.01x over the
+//   same 32 cases where the kernel of 4 alone gave 1.03x, RMSNorm 1.00x
+//   (benchmarks/results/nvidia-h200/logs/ab_forward_half_items.jsonl).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -45,11 +52,12 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t v) {
 
 // kResidual: a fused add + norm (residual and sum_out given). A template flag, so the ordinary kernels keep
 // their registers: as a run-time branch the add spilled the float32 LayerNorm kernels (ptxas, sm_90).
-// ITEMS: the vectors of a row a thread holds at most (Tuning::kItems, or Tuning::kParamsFirstItems where the
-// layout gives a thread no more: those kernels load the weight and bias with the row, before the statistics).
+// ITEMS: the vectors of a row a thread holds at most: Tuning::kParamsFirstItems (those kernels load the weight and
+// bias with the row, before the statistics), Tuning::kHalfItems (compiled for more resident threads) or
+// Tuning::kItems, the fewest that hold what the layout gives a thread.
 template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, bool kInRegisters, bool kResidual,
           typename scalar_t, typename param_t, typename acc_t>
-__global__ void __launch_bounds__(BLOCK, Tuning::kOneTensorThreads / BLOCK)
+__global__ void __launch_bounds__(BLOCK, Tuning::norm_forward_threads(ITEMS) / BLOCK)
     row_norm_fwd_kernel(const scalar_t* __restrict__ in, const scalar_t* __restrict__ residual,
                         const param_t* __restrict__ weight, const param_t* __restrict__ bias,
                         scalar_t* __restrict__ out, scalar_t* __restrict__ sum_out, acc_t* __restrict__ mean_out,
@@ -192,28 +200,45 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
                            aligned16(sp);
       with_tuning([&](auto tuning) {
         using Tuning = decltype(tuning);
-        with_row_layout<Tuning, scalar_t, Tuning::kItems, Tuning::kMinRowBlock>(
-            s.rows, s.cols, aligned, multiprocessors() * Tuning::kOneTensorThreads,
-            [&](auto group, auto block, auto in_registers, int64_t grid) {
-          const auto launch = [&](auto residual_given, auto items) {
-            row_norm_fwd_kernel<Tuning, kNorm, decltype(group)::value, decltype(block)::value, decltype(items)::value,
-                                decltype(in_registers)::value, decltype(residual_given)::value, scalar_t, param_t,
-                                acc_t><<<grid, decltype(block)::value, 0, stream>>>(
-                xp, rp, wp, bp, yp, sp, mp, rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols, static_cast<acc_t>(eps));
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-          };
-          // A thread's vectors at most: Tuning::kParamsFirstItems where the layout gives it no more.
-          const auto with_items = [&](auto residual_given) {
-            using Few = std::integral_constant<int, Tuning::kParamsFirstItems>;
-            if constexpr (decltype(in_registers)::value) {
-              if (s.cols / Vec16<scalar_t>::kSize <= int64_t{Few::value} * decltype(group)::value) {
-                return launch(residual_given, Few());
+        constexpr int kSize = Vec16<scalar_t>::kSize;
+        // The most vectors a layout gives a thread (Tuning::kFloatLayerNormItems), where a block holds the row.
+        constexpr int kLayoutItems = kNorm == RowNorm::Layer && sizeof(scalar_t) == 4 ? Tuning::kFloatLayerNormItems
+                                                                                      : Tuning::kItems;
+        // The kernels' widths as types: the nested lambdas below see them whole (GCC, as nvcc's host compiler, does
+        // not find Tuning's members there).
+        using Few = std::integral_constant<int, Tuning::kParamsFirstItems>;
+        using Half = std::integral_constant<int, Tuning::kHalfItems>;
+        using Full = std::integral_constant<int, Tuning::kItems>;
+        const auto with_layout = [&](auto layout_items) {
+          with_row_layout<Tuning, scalar_t, decltype(layout_items)::value, Tuning::kMinRowBlock, Tuning::kItems>(
+              s.rows, s.cols, aligned, multiprocessors() * Tuning::kOneTensorThreads,
+              [&](auto group, auto block, auto in_registers, int64_t grid) {
+            const auto launch = [&](auto residual_given, auto items) {
+              row_norm_fwd_kernel<Tuning, kNorm, decltype(group)::value, decltype(block)::value, decltype(items)::value,
+                                  decltype(in_registers)::value, decltype(residual_given)::value, scalar_t, param_t,
+                                  acc_t><<<grid, decltype(block)::value, 0, stream>>>(
+                  xp, rp, wp, bp, yp, sp, mp, rstd.mutable_data_ptr<acc_t>(), s.rows, s.cols, static_cast<acc_t>(eps));
+              C10_CUDA_KERNEL_LAUNCH_CHECK();
+            };
+            // The kernel compiled for the fewest vectors that hold a thread's.
+            const auto with_items = [&](auto residual_given) {
+              if constexpr (decltype(in_registers)::value) {
+                const int64_t per_thread =
+                  (s.cols / Vec16<scalar_t>::kSize + decltype(group)::value - 1) / decltype(group)::value;
+                if (per_thread <= Few::value) return launch(residual_given, Few());
+                if (per_thread <= Half::value) return launch(residual_given, Half());
               }
-            }
-            launch(residual_given, std::integral_constant<int, Tuning::kItems>());
-          };
-          rp != nullptr ? with_items(std::true_type()) : with_items(std::false_type());
-        });
+              launch(residual_given, Full());
+            };
+            rp != nullptr ? with_items(std::true_type()) : with_items(std::false_type());
+          });
+        };
+        // Rows too long for the widest block at kLayoutItems vectors a thread take up to kItems.
+        if (kLayoutItems < Full::value && s.cols / kSize <= int64_t{Tuning::kWideRowBlock} * kLayoutItems) {
+          with_layout(std::integral_constant<int, kLayoutItems>());
+        } else {
+          with_layout(Full());
+        }
       });
     });
   });

@@ -280,14 +280,14 @@ inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<u
 // loads are in flight at once, where that makes blocks of Tuning::kSpreadMinBlock threads or more. A row's
 // group is a warp where 32 threads hold it, else the smallest power-of-two block in [MIN_BLOCK,
 // Tuning::kMaxRowBlock] that does, else a block of Tuning::kWideRowBlock. Rows that are not aligned or do not
-// fit stream (in_registers false).
-template <typename Tuning, typename scalar_t, int ITEMS, unsigned MIN_BLOCK, typename F>
+// fit stream (in_registers false): a warp a row where a warp's threads hold STREAM_ITEMS vectors of it, else a block.
+template <typename Tuning, typename scalar_t, int ITEMS, unsigned MIN_BLOCK, int STREAM_ITEMS = ITEMS, typename F>
 void with_row_layout(int64_t rows, int64_t cols, bool aligned, int64_t resident_threads, F&& launch) {
   constexpr unsigned kWarpRowsBlock = Tuning::kWarpRowsBlock, kMaxRowBlock = Tuning::kMaxRowBlock;
   using Warp = std::integral_constant<unsigned, kWarpSize>;
   using WarpBlock = std::integral_constant<unsigned, kWarpRowsBlock>;
   using Streaming = std::integral_constant<unsigned, Tuning::kStreamingBlock>;
-  constexpr int64_t kSize = Vec16<scalar_t>::kSize, kWarpRowElements = int64_t{kWarpSize} * ITEMS * kSize;
+  constexpr int64_t kSize = Vec16<scalar_t>::kSize, kWarpRowElements = int64_t{kWarpSize} * STREAM_ITEMS * kSize;
   TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), "torch_reduce: too many rows for one launch: ", rows);
   const int64_t warp_grid = (rows + kWarpRowsBlock / kWarpSize - 1) / (kWarpRowsBlock / kWarpSize);
   const int64_t vectors = cols / kSize;

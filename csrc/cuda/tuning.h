@@ -58,6 +58,21 @@ struct HopperTuning {
   // 16384x4096 LayerNorm 74.0 -> 87.6 us, float32 16384x4096 136 -> 172) and gained at float32 8192x1024 (23.2 ->
   // 20.2): benchmarks/results/nvidia-h200/norm_forward_layouts.md.
   static constexpr int kParamsFirstItems = 2;
+  // Rows whose layout gives a thread more than that but at most this many run the forward kernel compiled for this
+  // many at kHalfItemsThreads resident threads an SM (48 registers, no spills), where the kernel of kItems gets 1024
+  // (64 registers). H200, graph replay, the op alone, 32 cases, against the kernel of kItems on the same layouts (the
+  // same bits): LayerNorm geomean 1.03x, 0.97-1.16x (bfloat16 16384x768 20.4 -> 17.7 us, 65536x1024 82.0 -> 72.7,
+  // 1024x4096 7.6 -> 6.7; Liger-Kernel 19.8, 77.6, 7.1); RMSNorm 1.01x, 0.97-1.05x.
+  static constexpr int kHalfItems = 4;
+  static constexpr unsigned kHalfItemsThreads = 1280;
+  // float32 LayerNorm rows get at most this many vectors a thread in the forward (more threads a row), where the
+  // kernel of kHalfItems runs them. H200, graph replay, the op alone, against kItems (both with that kernel), 14
+  // shapes: 2048x4096 23.3 -> 20.5 us, 8192x1024 22.8 -> 20.0, 2048x1024 7.0 -> 6.2, 16384x1024 40.2 -> 37.1
+  // (Liger-Kernel 19.6, 19.8, 6.3, 37.4), 1024x8192 23.6 -> 22.4, eight shapes 0.97-1.03x (about the noise of one
+  // run), and 1024x4096 10.5 -> 11.3 (one wave of blocks becomes one and a half). Not RMSNorm (float32 0.90-1.04x:
+  // 1024x4096 9.4 -> 10.5 us, 8192x1024 20.0 -> 19.1), whose thread does half of LayerNorm's instructions a vector,
+  // nor bfloat16 (LayerNorm 0.89-1.04x: 16384x2560 49.0 -> 55.1 us).
+  static constexpr int kFloatLayerNormItems = 4;
   static constexpr unsigned kWarpRowsBlock = 128;  // warp-per-row kernels: four rows per block
   static constexpr unsigned kMinRowBlock = 64, kMaxRowBlock = 512;
   // Rows longer than kMaxRowBlock threads hold (float32 16,388..32,768 elements) take a block of this many in the
@@ -73,6 +88,10 @@ struct HopperTuning {
   static constexpr unsigned kStreamingBlock = 512;  // rows that stream through thread_reduce
   // Resident threads per SM the one-tensor kernels are compiled for (their register budget, 64 a thread).
   static constexpr unsigned kOneTensorThreads = 1024;
+  // Resident threads per SM the norm forward kernel of `items` vectors a thread is compiled for.
+  static constexpr unsigned norm_forward_threads(int items) {
+    return items > kParamsFirstItems && items <= kHalfItems ? kHalfItemsThreads : kOneTensorThreads;
+  }
 
   // ---- var_mean over too few rows to fill the GPU (var_mean.cu) --------------------------------------------
   static constexpr unsigned kChunkBlock = 512;
