@@ -201,7 +201,8 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
       with_tuning([&](auto tuning) {
         using Tuning = decltype(tuning);
         constexpr int kSize = Vec16<scalar_t>::kSize;
-        // The most vectors a layout gives a thread (Tuning::kFloatLayerNormItems), where a block holds the row.
+        // The most vectors a layout gives a thread (Tuning::kFloatLayerNormItems, for rows of a power-of-two number of
+        // vectors, which that many a thread spread over a power-of-two block with no thread idle).
         constexpr int kLayoutItems = kNorm == RowNorm::Layer && sizeof(scalar_t) == 4 ? Tuning::kFloatLayerNormItems
                                                                                       : Tuning::kItems;
         // The kernels' widths as types: the nested lambdas below see them whole (GCC, as nvcc's host compiler, does
@@ -233,8 +234,10 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
             rp != nullptr ? with_items(std::true_type()) : with_items(std::false_type());
           });
         };
-        // Rows too long for the widest block at kLayoutItems vectors a thread take up to kItems.
-        if (kLayoutItems < Full::value && s.cols / kSize <= int64_t{Tuning::kWideRowBlock} * kLayoutItems) {
+        // Other rows, and rows too long for the widest block at kLayoutItems a thread, take up to kItems.
+        const int64_t vectors = s.cols / kSize;
+        const bool power_of_two = vectors > 0 && (vectors & (vectors - 1)) == 0;
+        if (kLayoutItems < Full::value && power_of_two && vectors <= int64_t{Tuning::kWideRowBlock} * kLayoutItems) {
           with_layout(std::integral_constant<int, kLayoutItems>());
         } else {
           with_layout(Full());

@@ -65,13 +65,16 @@ struct HopperTuning {
   // 1024x4096 7.6 -> 6.7; Liger-Kernel 19.8, 77.6, 7.1); RMSNorm 1.01x, 0.97-1.05x.
   static constexpr int kHalfItems = 4;
   static constexpr unsigned kHalfItemsThreads = 1280;
-  // float32 LayerNorm rows get at most this many vectors a thread in the forward (more threads a row), where the
-  // kernel of kHalfItems runs them. H200, graph replay, the op alone, against kItems (both with that kernel), 14
-  // shapes: 2048x4096 23.3 -> 20.5 us, 8192x1024 22.8 -> 20.0, 2048x1024 7.0 -> 6.2, 16384x1024 40.2 -> 37.1
-  // (Liger-Kernel 19.6, 19.8, 6.3, 37.4), 1024x8192 23.6 -> 22.4, eight shapes 0.97-1.03x (about the noise of one
-  // run), and 1024x4096 10.5 -> 11.3 (one wave of blocks becomes one and a half). Not RMSNorm (float32 0.90-1.04x:
-  // 1024x4096 9.4 -> 10.5 us, 8192x1024 20.0 -> 19.1), whose thread does half of LayerNorm's instructions a vector,
-  // nor bfloat16 (LayerNorm 0.89-1.04x: 16384x2560 49.0 -> 55.1 us).
+  // float32 LayerNorm rows of a power-of-two number of vectors get at most this many a thread in the forward (more
+  // threads a row), where the kernel of kHalfItems runs them. H200, graph replay, the op alone, against kItems (both
+  // with that kernel), 14 shapes: 2048x4096 23.3 -> 20.5 us, 8192x1024 22.8 -> 20.0, 2048x1024 7.0 -> 6.2,
+  // 16384x1024 40.2 -> 37.1 (Liger-Kernel 19.6, 19.8, 6.3, 37.4), 1024x8192 23.6 -> 22.4, eight shapes 0.97-1.03x
+  // (about the noise of one run), and 1024x4096 10.5 -> 11.3 (one wave of blocks becomes one and a half). Other
+  // widths leave a power-of-two block's last threads idle at this many a thread and lost in the benchmark (hidden
+  // 5120, 1280 vectors on 512 threads: 16384x5120 171 -> 205 us; 12288, 3072 on 1024: 16384x12288 434 -> 531;
+  // logs/layernorm_float32_items4_every_width.json). Not RMSNorm (float32 0.90-1.04x: 1024x4096 9.4 -> 10.5 us,
+  // 8192x1024 20.0 -> 19.1), whose thread does half of LayerNorm's instructions a vector, nor bfloat16 (LayerNorm
+  // 0.89-1.04x: 16384x2560 49.0 -> 55.1 us).
   static constexpr int kFloatLayerNormItems = 4;
   static constexpr unsigned kWarpRowsBlock = 128;  // warp-per-row kernels: four rows per block
   static constexpr unsigned kMinRowBlock = 64, kMaxRowBlock = 512;
