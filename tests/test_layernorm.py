@@ -262,6 +262,22 @@ TORCH_NORM_CALLS = {
 }
 
 
+def check_norm_forward(name, rows, hidden, dtype):
+    """Norm `name` of a random (rows, hidden) CUDA input (and residual) against the float64 formula of the input
+    rounded as torch's add rounds it, the fused sum bitwise; returns the input."""
+    x, r = (torch.randn(rows, hidden, device="cuda").to(dtype) for _ in range(2))
+    w, b = make_params((hidden,), dtype, "cuda", True, True)
+    w, b = w.detach(), b.detach()
+    got = NORM_CALLS[name](x, r, w, b)
+    s = (x + r) if name.startswith("add") else x
+    want = TORCH_NORM_CALLS[name.removeprefix("add_")](s.double(), None, w.double(), b.double())
+    kappa = conditioning(s, (hidden,), 1e-5)
+    torch.testing.assert_close(got, want.to(dtype), **{k: v * kappa for k, v in TOL[dtype].items()})
+    if name.startswith("add"):
+        assert torch.equal(NORM_CALLS_SUM[name](x, r, w, b), s)
+    return x
+
+
 def norm_inputs(device):
     x, r = (torch.randn(3, 16, device=device, requires_grad=True) for _ in range(2))
     w, b = (torch.randn(16, device=device, requires_grad=True) for _ in range(2))
@@ -323,16 +339,7 @@ def test_forward_rows_too_long_for_512_threads(name, dtype, hidden):
     """The forward keeps a row of more vectors than 512 threads hold in registers in a block of 1024 (float32
     16388..32768 elements, bfloat16 up to 65536), and streams longer ones (32772): every norm, the fused sum
     included, against the float64 formula of the input rounded as torch's add rounds it; var_mean beside."""
-    x, r = (torch.randn(37, hidden, device="cuda").to(dtype) for _ in range(2))
-    w, b = make_params((hidden,), dtype, "cuda", True, True)
-    w, b = w.detach(), b.detach()
-    got = NORM_CALLS[name](x, r, w, b)
-    s = (x + r) if name.startswith("add") else x
-    want = TORCH_NORM_CALLS[name.removeprefix("add_")](s.double(), None, w.double(), b.double())
-    kappa = conditioning(s, (hidden,), 1e-5)
-    torch.testing.assert_close(got, want.to(dtype), **{k: v * kappa for k, v in TOL[dtype].items()})
-    if name.startswith("add"):
-        assert torch.equal(NORM_CALLS_SUM[name](x, r, w, b), s)
+    x = check_norm_forward(name, 37, hidden, dtype)
     var, mean = torch_reduce.var_mean(x, -1, correction=0)
     torch.testing.assert_close(mean.double(), x.double().mean(-1), **TOL[dtype])
     torch.testing.assert_close(var.double(), x.double().var(-1, correction=0), **TOL[dtype])
@@ -349,16 +356,7 @@ def test_forward_kernel_of_each_width(rows, hidden, dtype, name):
     vectors a thread), blocks of 128-512 threads (4096, 8192, bfloat16 16384), 1024 threads of four (float32
     LayerNorm 16384) and blocks of five vectors a thread (20000: past what 1024 threads hold at four): every norm,
     the fused sum included, against the float64 formula of the input rounded as torch's add rounds it."""
-    x, r = (torch.randn(rows, hidden, device="cuda").to(dtype) for _ in range(2))
-    w, b = make_params((hidden,), dtype, "cuda", True, True)
-    w, b = w.detach(), b.detach()
-    got = NORM_CALLS[name](x, r, w, b)
-    s = (x + r) if name.startswith("add") else x
-    want = TORCH_NORM_CALLS[name.removeprefix("add_")](s.double(), None, w.double(), b.double())
-    kappa = conditioning(s, (hidden,), 1e-5)
-    torch.testing.assert_close(got, want.to(dtype), **{k: v * kappa for k, v in TOL[dtype].items()})
-    if name.startswith("add"):
-        assert torch.equal(NORM_CALLS_SUM[name](x, r, w, b), s)
+    check_norm_forward(name, rows, hidden, dtype)
 
 
 @requires_cuda
