@@ -72,8 +72,10 @@ for rows, hidden in [(4500, 2560), (8193, 1024), (20000, 64)]:
     y, s = torch_reduce.add_rms_norm(z, r, (hidden,), w)
     (y.sum() + s.sum()).backward()
 # Wide rows, several a cluster or block: split over a cluster's blocks (float32 18440: shares of 1153 and 1151
-# vectors, their sums through distributed shared memory), and the next row prefetched (bfloat16 12288).
-for rows, hidden, dtype in [(600, 18440, torch.float32), (600, 12288, torch.bfloat16)]:
+# vectors, their sums through distributed shared memory), the next row prefetched (bfloat16 12288), and held with
+# the column sums in shared memory by 1024 threads of two vectors (bfloat16 16384) or 864 of three (20472).
+for rows, hidden, dtype in [(600, 18440, torch.float32), (600, 12288, torch.bfloat16), (600, 16384, torch.bfloat16),
+                            (600, 20472, torch.bfloat16)]:
     z = torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True)
     w, b = (torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
     torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()

@@ -300,9 +300,10 @@ def float64_norm_grads(name, s, w, b, grad):
 def test_backward_kernel_layouts(rows, hidden, dtype, name):
     """Shapes on which the backward keeps its column sums in shared memory (many rows: two rows at a time in
     blocks of one vector a thread for 1024 and bfloat16 1600, an odd row count leaving the last pair one row short;
-    blocks of 160 threads for 2560, warp rows for 256) or in registers (3001 x 768; 8200, one row an SM; 18440,
-    each row split over a cluster of four blocks, the last block's share shorter), every norm, the fused ones'
-    grad_sum included: against float64, and the parameter gradients the same bits on a second run."""
+    blocks of 160 threads for 2560, warp rows for 256; bfloat16 18440: three vectors a thread in blocks of 800, the
+    last warp's threads partly idle) or in registers (3001 x 768; 8200, one row an SM; float32 18440, each row split
+    over a cluster of four blocks, the last block's share shorter), every norm, the fused ones' grad_sum included:
+    against float64, and the parameter gradients the same bits on a second run."""
     x, r = (torch.randn(rows, hidden, device="cuda").to(dtype).requires_grad_() for _ in range(2))
     w, b = make_params((hidden,), dtype, "cuda", True, True)
     layer, fused = "layer" in name, name.startswith("add")
@@ -387,14 +388,21 @@ def test_forward_more_rows_than_resident_blocks(rows, hidden, dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype,hidden,param_dtype", [(torch.bfloat16, 20472, torch.float32),
-                                                     (torch.bfloat16, 20472, None), (torch.float32, 16392, None)],
-                         ids=str)
-def test_backward_split_rows_mixed_and_plain(dtype, hidden, param_dtype):
-    """Rows the backward splits over a cluster's four blocks (16-bit rows above 18432 columns, float32 above
-    12288), two rows a cluster: with float32 weight and bias beside a bfloat16 input (mixed precision), and with
-    none; LayerNorm and RMSNorm against float64."""
-    x = torch.randn(130, hidden, device="cuda").to(dtype)
+@pytest.mark.parametrize("rows,dtype,hidden,param_dtype", [(1031, torch.bfloat16, 16384, torch.float32),
+                                                          (130, torch.bfloat16, 16384, None),
+                                                          (1031, torch.bfloat16, 20472, torch.float32),
+                                                          (1031, torch.bfloat16, 20472, None),
+                                                          (1031, torch.bfloat16, 24584, torch.float32),
+                                                          (1031, torch.bfloat16, 24584, None),
+                                                          (1031, torch.float32, 16392, None)], ids=str)
+def test_backward_wide_rows_mixed_and_plain(rows, dtype, hidden, param_dtype):
+    """The backward's plans for rows wider than the Held register kernel holds: bfloat16 16384 held by 1024 threads
+    of two vectors with the column sums in shared memory (1031 rows: as many in progress as the Reread kernel, which
+    reads each row twice) or read twice (130 rows: too few for blocks of several rows to fill the GPU), 20472 held
+    by 864 threads of three (the last warp partly idle), 24584 and float32 16392 split over a cluster's four blocks;
+    with float32 weight and bias beside a bfloat16 input (mixed precision), and with none; LayerNorm and RMSNorm
+    against float64."""
+    x = torch.randn(rows, hidden, device="cuda").to(dtype)
     weight, bias = make_params((hidden,), param_dtype, "cuda", True, True) if param_dtype else (None, None)
     check(x, (hidden,), weight, bias)
     xs = x.detach().requires_grad_()

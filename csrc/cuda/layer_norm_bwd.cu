@@ -12,7 +12,8 @@
 //   Registers: two accumulators an element in registers, from the first row to the last, at 512 threads per SM
 //              (Tuning::kBackwardThreads);
 //   Shared:    in the group's slab of shared memory (16-byte runs, column_run), at 1024 threads per SM
-//              (Tuning::kSharedSumsThreads) of a group just as large as the row needs (any multiple of 32);
+//              (Tuning::kSharedSumsThreads) of a group just as large as the row needs (any multiple of 32) at
+//              two vectors a thread, three where 1024 threads of two do not hold it (Tuning::kWideSharedSumsItems);
 //              short rows two at a time (ROWS), one barrier and one column-sum update for both
 //              (Tuning::kRowPairsMaxBlock: float32 16384x1024 1.19-1.25x, bfloat16 65536x1024 1.03-1.06x);
 //              on sm_90 and newer the blocks run in clusters whose blocks add up their column sums through
@@ -30,7 +31,9 @@
 // Where a row's x and dy are between the two passes (RowSource):
 //   Held:   in registers (16-bit ones packed), for rows of up to Tuning::kHeldItems vectors a thread;
 //   Reread: wider rows (up to Tuning::kRereadItems vectors a thread): read again in the second pass, from L2
-//           (the block's row was just read), so that the registers hold the accumulators alone.
+//           (the block's row was just read), so that the registers hold the accumulators alone; where the
+//           shared-memory column sums keep as many rows in progress, those hold the row instead (16-bit rows of
+//           12296..18432 columns).
 // Rows as wide as Reread's whose x and dy are too large for the prefetch below are split over a cluster of blocks
 // instead (Tuning::kRowSplit), each holding its share: ClusterAllreduce adds the row's sums over the cluster.
 // A plan that keeps one row in progress per SM prefetches each group's next row into L2 where the row is wide
@@ -636,7 +639,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
         // x and dy in flight); none (rows_per_sm 0) when its shared memory does not fit a block.
         struct RowPlan {
           double rows_per_sm = 0;
-          bool split = false;  // rows split over clusters
+          bool split = false;   // rows split over clusters
+          bool reread = false;  // each row read twice (RowSource::Reread)
           std::function<void(bool prefetch_next)> launch;
         };
         // threads: the block's (BLOCK, or the run-time size of a kAnyBlock block).
@@ -670,6 +674,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
                 (std::min({row_grid * kSplit, resident, max_grid}) + kCluster - 1) / kCluster * kCluster;
             const int64_t in_progress = std::min(blocks / kSplit * kGroups * kRowsAtOnce, rows);
             return RowPlan{static_cast<double>(in_progress) / static_cast<double>(sms), kSplit > 1,
+                           decltype(source)::value == RowSource::Reread,
                            [=, &partial_rows](bool prefetch_next) {
                              acc_t* partial_ptr = partial_rows(blocks / kCluster);
                              at::Tensor ones;  // the weight where the norm has none (weight_given)
@@ -740,27 +745,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
               }
             }
           }
-          // The column sums in shared memory instead, where that keeps more rows in progress per SM: a block of
-          // just the threads a row needs (any multiple of 32), each block taking min_block_rows rows at least
-          // (a block's own partial row costs about what 3 rows of reads do).
+          // The column sums in shared memory instead, where that keeps more rows in progress per SM, or as many as a
+          // plan that reads each row twice (Reread): a block of just the threads a row needs (any multiple of 32) at
+          // Tuning::kSharedSumsItems vectors a thread, or Tuning::kWideSharedSumsItems where 1024 threads of those do
+          // not hold the row, each block taking min_block_rows rows at least (a block's own partial row costs about
+          // what 3 rows of reads do). At as many rows in progress as Reread's one an SM, holding the row won (H200,
+          // graph replay, the backward op alone, two runs): bfloat16 rows of 14336-16384 (1024 threads of two)
+          // LayerNorm 1.08-1.24x (16384x16384 555 -> 448 us), RMSNorm 1.14-1.32x; rows of 18432 (768 of three)
+          // 1.07-1.21x and 1.21-1.33x. At as many rows as the Held register kernel's it lost (bfloat16 12288
+          // 0.93-0.97x, float32 8192 0.95-0.98x), so a tie with that keeps the register kernel.
           using SharedItems = std::integral_constant<int, Tuning::kSharedSumsItems>;
-          const int64_t threads = (vectors + SharedItems::value - 1) / SharedItems::value;
-          if (threads <= 1024 && rows <= std::numeric_limits<int32_t>::max()) {
+          using WideSharedItems = std::integral_constant<int, Tuning::kWideSharedSumsItems>;
+          const auto threads_for = [&](int items) {
+            return (vectors + items - 1) / items;
+          };
+          const int64_t threads = threads_for(SharedItems::value), wide_threads = threads_for(WideSharedItems::value);
+          if (wide_threads <= 1024 && rows <= std::numeric_limits<int32_t>::max()) {
             const auto min_rows = [&](int64_t groups) {
               return std::max<int64_t>(1, rows / (groups * min_block_rows));
+            };
+            const auto whole_warps = [](int64_t n) {
+              return static_cast<unsigned>((n + kWarpSize - 1) / kWarpSize * kWarpSize);
             };
             using WarpGroup = std::integral_constant<unsigned, kWarpSize>;
             using WarpBlock = std::integral_constant<unsigned, Tuning::kWarpRowsBlock>;
             using AnyBlock = std::integral_constant<unsigned, kAnyBlock>;
             constexpr int64_t kWarpGroups = Tuning::kWarpRowsBlock / kWarpSize;
             RowPlan shared = with_cluster([&](auto cluster) {
+              if (threads > 1024) {
+                return plan_rows(AnyBlock(), AnyBlock(), WideSharedItems(), One(), Held(), InShared(),
+                                 whole_warps(wide_threads), rows, min_rows(1), cluster, One());
+              }
               return threads <= kWarpSize
                          ? plan_rows(WarpGroup(), WarpBlock(), SharedItems(), One(), Held(), InShared(),
                                      WarpBlock::value, (rows + kWarpGroups - 1) / kWarpGroups, min_rows(kWarpGroups),
                                      One(), One())
                          : plan_rows(AnyBlock(), AnyBlock(), SharedItems(), One(), Held(), InShared(),
-                                     static_cast<unsigned>((threads + kWarpSize - 1) / kWarpSize * kWarpSize), rows,
-                                     min_rows(1), cluster, One());
+                                     whole_warps(threads), rows, min_rows(1), cluster, One());
             });
             // Short rows: a block of one vector a thread takes two rows at once (Tuning::kRowPairsMaxBlock).
             const int64_t pair_threads = (vectors + kWarpSize - 1) / kWarpSize * kWarpSize;
@@ -773,7 +794,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
               });
               if (pairs.rows_per_sm >= shared.rows_per_sm) shared = std::move(pairs);
             }
-            if (shared.rows_per_sm > plan.rows_per_sm) plan = std::move(shared);
+            if (shared.rows_per_sm > plan.rows_per_sm ||
+                (plan.reread && shared.launch && shared.rows_per_sm == plan.rows_per_sm)) {
+              plan = std::move(shared);
+            }
           }
         }
         const bool launched = static_cast<bool>(plan.launch);

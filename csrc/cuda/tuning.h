@@ -127,6 +127,15 @@ struct HopperTuning {
   static constexpr unsigned kSharedSumsThreads = 1024;
   static constexpr int kSharedSumsItems = 2;
   static constexpr int64_t kSharedSumsMinRows = 8;
+  // Rows that 1024 threads of kSharedSumsItems do not hold (16-bit 16392..24576 columns, float32 8196..12288) take
+  // this many a thread in the shared-memory kernel (ptxas: 56-64 registers, 16-bit LayerNorm 0-8 bytes of stack),
+  // where that keeps at least as many rows in progress as the Reread kernel (which reads each row twice at 512
+  // threads an SM) or more than the others. H200, graph replay, the backward op alone, two runs: bfloat16 rows of
+  // 18432 (768 threads, one row an SM either way) LayerNorm 1024-16384 rows 1.07-1.21x (16384x18432 659 -> 546 us),
+  // RMSNorm 1.21-1.33x (625 -> 472); of 20480 (one row an SM, where the row split over a cluster kept half of one)
+  // LayerNorm 0.93-1.06x (1024 rows 0.93x), RMSNorm 1.08-1.34x (16384x20480 723 -> 539). At as many rows as the
+  // Held register kernel (float32 12288) it lost (0.94-1.01x), so a tie with that keeps the register kernel.
+  static constexpr int kWideSharedSumsItems = 3;
   // Rows of at most this many 16-byte vectors (bfloat16 2048 elements, float32 1024) go two at a time to a
   // block of one vector a thread, instead of one at a time to a block of kSharedSumsItems: as many rows in
   // progress per SM, but one barrier and one shared-memory update of the column sums for two rows. H200, graph
