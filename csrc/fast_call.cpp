@@ -238,6 +238,11 @@ struct NormSpec {
     if (slots[kShape] == nullptr || !read_ints(slots[kShape], a.shape)) return false;
     if (!read_optional_tensor(slots[kShape + 1], a.weight)) return false;
     if (kLayer && !read_optional_tensor(slots[kShape + 2], a.bias)) return false;
+    // RMSNorm's weight in a dtype the kernels do not take: the wrapper casts it (_rms_weight).
+    if (!kLayer && a.weight) {
+      const at::ScalarType in = a.input->scalar_type(), w = a.weight->scalar_type();
+      if (w != in && !(w == at::kFloat && (in == at::kHalf || in == at::kBFloat16))) return false;
+    }
     PyObject* eps = slots[kShape + (kLayer ? 3 : 2)];
     if (eps == nullptr || eps == Py_None) {
       if (kLayer) a.eps = 1e-5;  // the wrapper's default (eps=None: the wrapper's error)

@@ -393,7 +393,9 @@ def rms_norm_error_inputs(device):
     # torch raises ValueError ("Input tensor must have at least 3 dimensions"); ours as for any other mismatch.
     yield ErrorInput((x, (2, 4, 6)), {}, RuntimeError, "does not match the input's trailing dims", ours_only=True)
     yield ErrorInput((x, (6,), torch.ones(5, device=device)), {}, match="weight must have shape", **ours_message)
-    yield ErrorInput((x, (6,), w.double()), {}, RuntimeError, "weight must have the input's dtype", ours_only=True)
+    # torch multiplies by a weight of any dtype; ours takes any floating one (cast as torch computes) and refuses
+    # an integer one.
+    yield ErrorInput((x, (6,), w.int()), {}, RuntimeError, "weight must have the input's dtype", ours_only=True)
     yield ErrorInput((x, (6,)), {"eps": -1.0}, RuntimeError, "eps must be non-negative", ours_only=True)
     # torch raises NotImplementedError for integers.
     yield ErrorInput((torch.ones(4, 6, dtype=torch.int32, device=device), (6,)), {}, RuntimeError,

@@ -69,6 +69,30 @@ def test_16bit_input_float32_weight(dtype, device):
     torch.testing.assert_close(gw.double(), rw, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
+@pytest.mark.parametrize("x_dtype, w_dtype", [(torch.float64, torch.float32), (torch.float32, torch.float64),
+                                              (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16),
+                                              (torch.float16, torch.float64)], ids=str)
+def test_weight_of_another_dtype(x_dtype, w_dtype, op, device):
+    """F.rms_norm takes a weight of any floating dtype (the output keeps the input's, the weight's gradient the
+    weight's): so do ours, with torch's values (the weight cast to the dtype the product is computed in)."""
+    x = torch.randn(5, 33, device=device, dtype=x_dtype, requires_grad=True)
+    weight = torch.randn(33, device=device, dtype=w_dtype).mul_(0.3).add_(1).requires_grad_()
+    if op == "rms_norm":
+        out, want = torch_reduce.rms_norm(x, (33,), weight), F.rms_norm(x, (33,), weight)
+    else:
+        out = torch_reduce.add_rms_norm(x, x, (33,), weight)[0]
+        want = F.rms_norm(x + x, (33,), weight)
+    assert out.dtype == want.dtype == x_dtype
+    tol = dict(rtol=1e-2, atol=1e-2) if x_dtype.itemsize == 2 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, want, **tol)
+    dy = torch.randn_like(out)
+    for got, wanted in zip(torch.autograd.grad(out, (x, weight), dy), torch.autograd.grad(want, (x, weight), dy)):
+        assert got.dtype == wanted.dtype
+        torch.testing.assert_close(got.double(), wanted.double(), rtol=2e-2, atol=2e-2 if x_dtype.itemsize == 2 else 1e-4)
+
+
 # ------------------------------------------------------------------------------------------ convert_norms ----
 
 class LlamaStyleRMSNorm(nn.Module):

@@ -46,13 +46,26 @@ def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     return torch.ops.reduce.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]
 
 
+def _rms_weight(input: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The weight as the RMSNorm kernels take it: the input's dtype, or float32 beside a 16-bit input. torch's
+    rms_norm takes a floating weight of any dtype (it multiplies the float32, or float64, normalized row by it and
+    casts the product to the input's dtype), so any other floating weight is cast, differentiably, to the dtype
+    that product is computed in here: float32 for a 16-bit input, else the input's (exact but for a float64
+    weight beside a float32 input, which torch multiplies in float64: the output may differ in the last bit)."""
+    if weight is None or not weight.is_floating_point() or not input.is_floating_point():
+        return weight  # None, or the op's own error for a non-floating dtype
+    compute = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    return weight if weight.dtype in (input.dtype, compute) else weight.to(compute)
+
+
 def rms_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[torch.Tensor] = None,
              eps: Optional[float] = None) -> torch.Tensor:
     """F.rms_norm: x / sqrt(mean(x^2) + eps) over the trailing ``normalized_shape`` dims, times weight. eps None
     is the machine epsilon of float32 (float64 for a float64 input), as torch's. weight may be float32 beside a
-    float16/bfloat16 input (mixed precision): the output keeps the input's dtype, weight's gradient is float32."""
+    float16/bfloat16 input (mixed precision): the output keeps the input's dtype, weight's gradient is float32;
+    any other floating weight dtype is taken as torch takes it (_rms_weight)."""
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
-    return torch.ops.reduce.rms_norm_fwd.default(input, shape, weight, eps)[0]
+    return torch.ops.reduce.rms_norm_fwd.default(input, shape, _rms_weight(input, weight), eps)[0]
 
 
 def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
@@ -70,7 +83,7 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
                  eps: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.rms_norm(input + residual, ...), input + residual) in one pass, as add_layer_norm."""
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
-    out, total, _ = torch.ops.reduce.add_rms_norm_fwd.default(input, residual, shape, weight, eps)
+    out, total, _ = torch.ops.reduce.add_rms_norm_fwd.default(input, residual, shape, _rms_weight(input, weight), eps)
     return out, total
 
 
