@@ -97,5 +97,6 @@ for p in params:
     p.grad = torch.randn_like(p)
 params[-3].grad = torch.randn(4097, device="cuda")[1:]  # misaligned
 torch_reduce.clip_grad_norm_(params, 0.1)
+torch_reduce.clip_grad_norm_(params, 1e9)  # nothing to clip: the scaling returns at once
 torch.cuda.synchronize()
 print("sanitize run done")

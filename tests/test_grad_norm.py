@@ -226,6 +226,34 @@ def test_clip_grad_norm_like_torch(max_norm, ord, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_norm_within_max_norm_changes_no_bit(dtype, device):
+    """A coefficient of 1 (ours skips the scaling there) leaves every bit as torch's multiplication by 1 does:
+    signed zeros, subnormals, infinities, NaNs, and a max_norm just above the norm (a coefficient rounded to 1)."""
+    tiny = torch.finfo(dtype).tiny
+    special = torch.tensor([-0.0, 0.0, tiny / 4, -tiny / 2, 1.0], dtype=dtype)
+    for max_norm, with_nonfinite in ((1e9, False), (None, False), (1e9, True)):
+        ours = params_with_grads([(257,), (4, 33), (65536 + 3,)], dtype, device)
+        ours[0].grad[:5] = special.to(device)
+        if with_nonfinite:
+            ours[1].grad[0, :2] = torch.tensor([float("inf"), float("nan")], dtype=dtype)
+        theirs = clone_params(ours)
+        before = [p.grad.clone() for p in ours]
+        norm = torch_reduce.get_total_norm(before).item()
+        limit = max_norm if max_norm is not None else norm * (1 + 1e-7)
+        torch_reduce.clip_grad_norm_(ours, limit)
+        torch.nn.utils.clip_grad_norm_(theirs, limit, foreach=True)
+        for p, q, b in zip(ours, theirs, before):
+            assert bits(p.grad).equal(bits(q.grad)), "torch's bits"
+            if not with_nonfinite:  # a NaN norm scales every gradient by NaN, as torch's
+                assert bits(p.grad).equal(bits(b)), "untouched"
+
+
+def bits(t):
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("grad_dtype,norm_dtype", [(d, d) for d in FLOAT_DTYPES] + [
     (torch.float16, torch.float32), (torch.bfloat16, torch.float64), (torch.float32, torch.float16),
     (torch.float64, torch.bfloat16)], ids=str)

@@ -89,10 +89,11 @@ void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_
   const char* op = "reduce::clip_grads_";
   check_clip_grads(grads, total_norm, op);
   const at::Tensor coefficient = clip_coefficient(total_norm.to(at::kCPU), max_norm);
-  for (const at::Tensor& g : grads) {
+  for (const at::Tensor& g : grads)
     TORCH_CHECK(g.device().is_cpu(), op, ": expected the CPU kernel's tensors on the CPU, got one on ", g.device());
-    g.mul_(coefficient);
-  }
+  // x * 1 is x, bit for bit: a norm within max_norm leaves the gradients untouched (as the CUDA kernel does).
+  if (coefficient.item<double>() == 1.0) return;
+  for (const at::Tensor& g : grads) g.mul_(coefficient);
 }
 
 TORCH_LIBRARY_IMPL(reduce, CPU, m) {
