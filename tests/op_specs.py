@@ -343,6 +343,9 @@ def reduction_error_inputs(name):
         yield ErrorInput((x, (0, 0)), {}, RuntimeError, "appears multiple times")
         yield ErrorInput((scalar, 1), {}, IndexError, "out of range")
         yield ErrorInput((scalar, (0, -1)), {}, RuntimeError, "appears multiple times")
+        # A bool or a float is not a dim (the op's schema would read True as 1).
+        for dim in (True, [True], 1.0):
+            yield ErrorInput((x, dim), {}, TypeError, "must be tuple of ints", ours_message=True)
         yield ErrorInput((torch.ones(3, dtype=torch.complex32, device=device),), {}, RuntimeError,
                          "unsupported dtype", ours_only=True)
         if name in ("amax", "amin"):  # torch has no max or min of complex numbers either
@@ -365,6 +368,8 @@ def var_mean_error_inputs(device):
     yield ErrorInput((torch.arange(10, device=device),), {}, RuntimeError, "floating point")
     yield ErrorInput((x, 2), {}, IndexError, "out of range")
     yield ErrorInput((x, (1, -1)), {}, RuntimeError, "appears multiple times")
+    yield ErrorInput((x, [True]), {}, TypeError, "must be tuple of ints", ours_message=True)
+    yield ErrorInput((x, 1.0), {}, TypeError, "must be tuple of ints", ours_message=True)
     # torch takes complex inputs; ours names the dtypes it takes.
     for dtype in (torch.complex64, torch.complex128):
         yield ErrorInput((x.to(dtype),), {}, RuntimeError, "floating point dtypes", ours_only=True)
@@ -424,6 +429,9 @@ def like_torch_error_inputs(name):
         # torch takes complex inputs here; ours says so.
         yield ErrorInput((x.to(torch.complex64),), {}, NotImplementedError, "does not take complex inputs",
                          ours_only=True)
+        for dim in (True, [True], 1.0):  # not dims (the op's schema would read True as 1)
+            yield ErrorInput((x, dim) if name == "prod" else (x, 2, dim), {}, TypeError, "must be tuple of ints",
+                             ours_message=True)
         if name == "prod":
             for args in ((x, 2), (x, -3), (torch.tensor(2.0, device=device), 1)):
                 yield ErrorInput(args, {}, (RuntimeError, IndexError))

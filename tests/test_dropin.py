@@ -4,6 +4,7 @@ in tests/op_specs.py) runs the rest: autograd, opcheck, compile, bad inputs, det
 streams, CUDA graphs and two GPUs."""
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
@@ -136,6 +137,9 @@ def test_dims_and_keepdim(name, device):
     for dim in ((), None) if name in ("sum", "mean") else ((),):
         assert check(name, x, dim).shape == ()
         assert check(name, x, dim, True).shape == (1, 1, 1)
+    # dims as torch's parser takes them: numpy ints, a 0-dim integer tensor, a bool after the first element
+    for dim in (np.int64(1), (np.int32(0), 2), torch.tensor(-1), torch.Size([1, 2]), (0, True)):
+        assert check(name, x, dim).shape == getattr(torch, name)(x, dim).shape
 
 
 @pytest.mark.parametrize("device", DEVICES)

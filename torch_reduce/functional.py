@@ -9,6 +9,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _entry_points
+from .reductions import _dims
 
 _Dims = Union[int, Sequence[int], None]
 _NOT_GIVEN = object()
@@ -33,7 +34,8 @@ def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool =
         correction = 1 if unbiased else 0
     elif correction is _NOT_GIVEN:
         correction = None
-    dims = [dim] if isinstance(dim, int) else (None if dim is None else list(dim))
+    dim = _dims("var_mean", dim)
+    dims = [dim] if isinstance(dim, int) else dim
     return torch.ops.reduce.var_mean.default(input, dims, correction=correction, keepdim=keepdim)
 
 

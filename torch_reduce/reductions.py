@@ -9,6 +9,7 @@ for every other.
 """
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Callable, Optional, Sequence, Union
 
@@ -68,12 +69,31 @@ def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Calla
     return out.copy_(result)
 
 
+def _dims(name: str, dim):
+    """dim as the op's schema takes it (None, an int, or a list of ints), with torch's TypeError for anything that is
+    not an int or a sequence of ints. Ints of other types (numpy's, a 0-dim integer tensor) become ints, as torch
+    takes them; a bool is not a dim (torch.sum(x, True) raises), though the schema would read it as 0 or 1. As
+    torch's argument parser, only a sequence's first element is refused for being a bool (it takes (0, True))."""
+    if dim is None:
+        return None
+    if not isinstance(dim, (tuple, list)):
+        if isinstance(dim, bool) or not hasattr(type(dim), "__index__"):
+            raise TypeError(f"{name}(): argument 'dim' must be tuple of ints, not {type(dim).__name__}")
+        return operator.index(dim)
+    for pos, d in enumerate(dim):
+        if (pos == 0 and isinstance(d, bool)) or not hasattr(type(d), "__index__"):
+            raise TypeError(f"{name}(): argument 'dim' must be tuple of ints, but found element of type "
+                            f"{type(d).__name__} at pos {pos}")
+    return [operator.index(d) for d in dim]
+
+
 def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     op = getattr(torch.ops.reduce, row.name)
     name = row.name
     if row.signature == "DimsDtype":
         def reduction(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,
                       dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            dim = _dims(name, dim)
             if out is None:
                 return op(input, dim, keepdim, dtype=dtype)
             if dim is None and name != "mean":  # torch.sum and torch.prod take out= only with dim
@@ -82,6 +102,7 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     elif row.signature == "Dims":
         def reduction(input: torch.Tensor, dim: Dims = (), keepdim: bool = False, *,
                       out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            dim = _dims(name, dim)
             dim = () if dim is None else dim  # torch.amax(x, dim=None) reduces every dim, as dim=()
             if out is None:
                 return op(input, dim, keepdim)
@@ -89,6 +110,7 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     else:
         def reduction(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool = False, *,
                       dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            dim = _dims(name, dim)
             if out is None:
                 return op(x, ord, dim, keepdim, dtype=dtype)
             return _write_out(name, x, out, lambda d: op(x, ord, dim, keepdim, dtype=d), dtype)
