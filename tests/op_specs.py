@@ -389,6 +389,8 @@ def layer_norm_error_inputs(device):
     yield ErrorInput((x, (6,)), {"eps": -1.0}, RuntimeError, "eps must be non-negative", ours_only=True)
     yield ErrorInput((torch.ones(4, 6, dtype=torch.int32, device=device), (6,)), {}, RuntimeError,
                      "expected a float32", ours_only=True)
+    yield ErrorInput((x, (6,)), {"eps": None}, TypeError, "argument 'eps' must be float", ours_message=True)
+    yield ErrorInput((x[:, :1], True), {}, TypeError, "must be tuple of ints", ours_message=True)  # not a shape
 
 
 def rms_norm_error_inputs(device):
@@ -402,6 +404,7 @@ def rms_norm_error_inputs(device):
     # an integer one.
     yield ErrorInput((x, (6,), w.int()), {}, RuntimeError, "weight must have the input's dtype", ours_only=True)
     yield ErrorInput((x, (6,)), {"eps": -1.0}, RuntimeError, "eps must be non-negative", ours_only=True)
+    yield ErrorInput((x[:, :1], (True,)), {}, TypeError, "must be tuple of ints", ours_message=True)  # not a shape
     # torch raises NotImplementedError for integers.
     yield ErrorInput((torch.ones(4, 6, dtype=torch.int32, device=device), (6,)), {}, RuntimeError,
                      "expected a float32", ours_only=True)

@@ -143,6 +143,18 @@ def test_dims_and_keepdim(name, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_numbers_as_torch_takes_them(device):
+    """A 0-dim tensor or a numpy scalar where torch takes a number: var_mean's correction, vector_norm's ord."""
+    x = random_tensor((3, 4, 5), torch.float32, device)
+    for correction in (np.int64(1), torch.tensor(1), np.float32(0.5), torch.tensor(0.5)):
+        for got, want in zip(torch_reduce.var_mean(x, 1, correction=correction),
+                             torch.var_mean(x, 1, correction=correction)):
+            torch.testing.assert_close(got, want)
+    for ord in (torch.tensor(3.0), np.int64(3), torch.tensor(float("inf"))):
+        torch.testing.assert_close(torch_reduce.vector_norm(x, ord, (0, 2)), torch.linalg.vector_norm(x, ord, (0, 2)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_dtypes(device):
     for dtype in ALL_DTYPES:
         x = random_tensor((17, 33), dtype, device)

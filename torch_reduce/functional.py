@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _entry_points
-from .reductions import _dims
+from .reductions import _dims, _number
 
 _Dims = Union[int, Sequence[int], None]
 _NOT_GIVEN = object()
@@ -34,9 +34,18 @@ def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool =
         correction = 1 if unbiased else 0
     elif correction is _NOT_GIVEN:
         correction = None
+    else:
+        correction = _number(correction)
     dim = _dims("var_mean", dim)
     dims = [dim] if isinstance(dim, int) else dim
     return torch.ops.reduce.var_mean.default(input, dims, correction=correction, keepdim=keepdim)
+
+
+def _normalized_shape(name: str, normalized_shape) -> list[int]:
+    """normalized_shape as a list of ints (an int is one dim, as nn.LayerNorm takes it), with torch's TypeError for
+    what is not a shape (a bool, which the op's schema would read as 1)."""
+    shape = _dims(name, normalized_shape, "normalized_shape")
+    return [shape] if isinstance(shape, int) else shape
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[torch.Tensor] = None,
@@ -44,8 +53,10 @@ def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     """F.layer_norm: normalize over the trailing ``normalized_shape`` dims, then scale and shift. weight and
     bias may be float32 beside a float16/bfloat16 input (mixed precision): the output keeps the input's dtype,
     their gradients are float32."""
-    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
-    return torch.ops.reduce.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]
+    if eps is None:
+        raise TypeError("layer_norm(): argument 'eps' must be float, not NoneType")
+    return torch.ops.reduce.layer_norm_fwd.default(input, _normalized_shape("layer_norm", normalized_shape), weight,
+                                                   bias, eps)[0]
 
 
 def _rms_weight(input: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -66,7 +77,7 @@ def rms_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], w
     is the machine epsilon of float32 (float64 for a float64 input), as torch's. weight may be float32 beside a
     float16/bfloat16 input (mixed precision): the output keeps the input's dtype, weight's gradient is float32;
     any other floating weight dtype is taken as torch takes it (_rms_weight)."""
-    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    shape = _normalized_shape("rms_norm", normalized_shape)
     return torch.ops.reduce.rms_norm_fwd.default(input, shape, _rms_weight(input, weight), eps)[0]
 
 
@@ -75,7 +86,9 @@ def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape
                    eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.layer_norm(input + residual, ...), input + residual) in one pass: each input read once, both results
     written once; the backward is fused too. input and residual have one shape and dtype (no broadcasting)."""
-    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if eps is None:
+        raise TypeError("add_layer_norm(): argument 'eps' must be float, not NoneType")
+    shape = _normalized_shape("add_layer_norm", normalized_shape)
     out, total, _, _ = torch.ops.reduce.add_layer_norm_fwd.default(input, residual, shape, weight, bias, eps)
     return out, total
 
@@ -84,7 +97,7 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
                  weight: Optional[torch.Tensor] = None,
                  eps: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.rms_norm(input + residual, ...), input + residual) in one pass, as add_layer_norm."""
-    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    shape = _normalized_shape("add_rms_norm", normalized_shape)
     out, total, _ = torch.ops.reduce.add_rms_norm_fwd.default(input, residual, shape, _rms_weight(input, weight), eps)
     return out, total
 

@@ -69,7 +69,15 @@ def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Calla
     return out.copy_(result)
 
 
-def _dims(name: str, dim):
+def _number(value):
+    """A number as the op's schema takes it: a 0-dim tensor or a numpy scalar becomes its Python number, as torch's
+    argument parser takes them for a Scalar (vector_norm's ord, var_mean's correction)."""
+    if isinstance(value, torch.Tensor) or type(value).__module__ == "numpy":
+        return value.item()
+    return value
+
+
+def _dims(name: str, dim, argument: str = "dim"):
     """dim as the op's schema takes it (None, an int, or a list of ints), with torch's TypeError for anything that is
     not an int or a sequence of ints. Ints of other types (numpy's, a 0-dim integer tensor) become ints, as torch
     takes them; a bool is not a dim (torch.sum(x, True) raises), though the schema would read it as 0 or 1. As
@@ -78,11 +86,11 @@ def _dims(name: str, dim):
         return None
     if not isinstance(dim, (tuple, list)):
         if isinstance(dim, bool) or not hasattr(type(dim), "__index__"):
-            raise TypeError(f"{name}(): argument 'dim' must be tuple of ints, not {type(dim).__name__}")
+            raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, not {type(dim).__name__}")
         return operator.index(dim)
     for pos, d in enumerate(dim):
         if (pos == 0 and isinstance(d, bool)) or not hasattr(type(d), "__index__"):
-            raise TypeError(f"{name}(): argument 'dim' must be tuple of ints, but found element of type "
+            raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, but found element of type "
                             f"{type(d).__name__} at pos {pos}")
     return [operator.index(d) for d in dim]
 
@@ -110,7 +118,7 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     else:
         def reduction(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool = False, *,
                       dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-            dim = _dims(name, dim)
+            dim, ord = _dims(name, dim), _number(ord)
             if out is None:
                 return op(x, ord, dim, keepdim, dtype=dtype)
             return _write_out(name, x, out, lambda d: op(x, ord, dim, keepdim, dtype=d), dtype)
