@@ -181,8 +181,8 @@ struct HopperTuning {
   // The chunk and its loads were measured; the other numbers here are the design's (unmeasured).
   static constexpr unsigned kListBlock = 512;  // partials and scaling kernels
   // A chunk, a warp's unit of work: 16-byte vectors kListLoads a lane at a time, loaded before any is used.
-  // H200, clip_grad_norm_ of GPT-2 small's 148 float32 gradients (124 M elements; max_norm 1, so every call
-  // scales), graph replay, three alternating processes a configuration: 64 KiB chunks of 4 loads 386-392 us
+  // H200, clip_grad_norm_ of GPT-2 small's 148 float32 gradients (124 M elements; a build whose every call read
+  // and wrote them all), graph replay, three alternating processes a configuration: 64 KiB chunks of 4 loads 386-392 us
   // (3.8 TB/s over the three passes), 32 KiB 404-407, 128 KiB 395-398; 8 loads 388-392 (32 KiB of 8 loads
   // 405-407). The scaling walked in reverse chunk order, so that its first reads find what the norm pass left in
   // the L2, took 386-392: not kept (benchmarks/results/nvidia-h200/gradnorm_chunks.md).
