@@ -784,13 +784,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
                                      whole_warps(threads), rows, min_rows(1), cluster, One());
             });
             // Short rows: a block of one vector a thread takes two rows at once (Tuning::kRowPairsMaxBlock).
-            const int64_t pair_threads = (vectors + kWarpSize - 1) / kWarpSize * kWarpSize;
+            const unsigned pair_threads = whole_warps(vectors);
             if (threads > kWarpSize && pair_threads <= Tuning::kRowPairsMaxBlock) {
               using OneItem = std::integral_constant<int, 1>;
               using Two = std::integral_constant<int, 2>;
               RowPlan pairs = with_cluster([&](auto cluster) {
                 return plan_rows(AnyBlock(), AnyBlock(), OneItem(), Two(), Held(), InShared(),
-                                 static_cast<unsigned>(pair_threads), (rows + 1) / 2, min_rows(1), cluster, One());
+                                 pair_threads, (rows + 1) / 2, min_rows(1), cluster, One());
               });
               if (pairs.rows_per_sm >= shared.rows_per_sm) shared = std::move(pairs);
             }
