@@ -427,6 +427,38 @@ def test_double_backward_forward_mode_and_transforms(device):
     torch.testing.assert_close(ours, torch.func.grad(their_total)(primals[1]))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_meta_tensors_in_a_real_list(device):
+    """A list holding a meta tensor reaches the fake kernels (Meta outranks CPU and CUDA): its real tensors get real
+    norms and real scaling, or torch's error where a meta value would have to reach a real device; never an empty
+    tensor standing for a value (torch's own _foreach_norm gives 0 there)."""
+    x = torch.randn(4, 8, device=device)
+    norms = torch_reduce.foreach_norm([x, x.to("meta"), 3 * x])
+    assert norms[1].device.type == "meta"
+    torch.testing.assert_close(norms[0], torch.linalg.vector_norm(x))
+    torch.testing.assert_close(norms[2], torch.linalg.vector_norm(3 * x))
+    assert torch_reduce.get_total_norm([x.to("meta"), x]).device.type == "meta"  # as torch: the first one's device
+
+    def params(*devices):
+        out = []
+        for d in devices:
+            p = torch.nn.Parameter(torch.ones(3, device=d))
+            p.grad = torch.full((3,), 4.0, device=d)
+            out.append(p)
+        return out
+
+    no_data = "Cannot copy out of meta tensor"
+    for call in (lambda: torch_reduce.get_total_norm([x, x.to("meta")]),
+                 lambda: torch_reduce.clip_grad_norm_(params(device, "meta"), 1.0),
+                 lambda: torch_reduce.clip_grad_norm_(params("meta", device), 1.0),
+                 lambda: torch_reduce.clip_grads_with_norm_(params(device), 1.0, torch.tensor(8.0, device="meta"))):
+        with pytest.raises(NotImplementedError, match=no_data):
+            call()
+    real, meta = params(device, "meta")
+    torch_reduce.clip_grads_with_norm_([real, meta], 1.0, torch.tensor(8.0, device=device))
+    torch.testing.assert_close(real.grad, torch.full((3,), 0.5, device=device), rtol=1e-6, atol=0)
+
+
 def test_compiled_gradients():
     torch._dynamo.reset()
     xs = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in [(5,), (3, 4)]]

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .ladder import LADDER
 
@@ -397,15 +398,28 @@ def _check_norm_list(op: str, tensors, ord: float, dtype) -> None:
                                "operation does not have an identity")
 
 
+# A list op's call that holds one meta tensor comes here (Meta outranks CPU and CUDA in dispatch), real tensors and
+# all: those get real results or torch's error, never an empty tensor standing for a value.
+_NO_DATA = "Cannot copy out of meta tensor; no data!"  # torch's, where it moves a meta value to a real device
+
+
+def _real(t: torch.Tensor) -> bool:
+    return t.device.type != "meta" and not isinstance(t, FakeTensor)
+
+
 @torch.library.register_fake("reduce::foreach_norm")
 def _foreach_norm_fake(tensors, ord=2.0, dtype=None):
     _check_norm_list("reduce::foreach_norm", tensors, ord, dtype)
-    return [t.new_empty((), dtype=dtype or t.dtype) for t in tensors]
+    real = [t for t in tensors if _real(t)]
+    norms = iter(torch.ops.reduce.foreach_norm(real, ord, dtype) if real else [])
+    return [next(norms) if _real(t) else t.new_empty((), dtype=dtype or t.dtype) for t in tensors]
 
 
 @torch.library.register_fake("reduce::total_norm")
 def _total_norm_fake(tensors, ord=2.0):
     _check_norm_list("reduce::total_norm", tensors, ord, None)
+    if _real(tensors[0]):  # torch stacks each device's norm on the first tensor's device
+        raise NotImplementedError(_NO_DATA)
     result_dtype = tensors[0].dtype
     for t in tensors:
         result_dtype = torch.promote_types(result_dtype, t.dtype)
@@ -425,6 +439,8 @@ def _check_grads(op: str, grads) -> None:
 def _clip_grad_norm_fake(grads, max_norm, norm_type=2.0):
     total = _total_norm_fake(grads, norm_type)
     _check_grads("reduce::clip_grads_", grads)
+    if any(_real(g) for g in grads):  # a meta total cannot scale a real gradient
+        raise NotImplementedError(_NO_DATA)
     return total
 
 
@@ -435,3 +451,8 @@ def _clip_grads_fake(grads, total_norm, max_norm):
     if total_norm.dim() != 0 or total_norm.dtype not in _FLOATS:
         raise RuntimeError(f"{op}: total_norm must be a 0-dim floating tensor, got shape {list(total_norm.shape)} of "
                            f"{_c10_name(total_norm.dtype)}")
+    real = [g for g in grads if _real(g)]
+    if real:  # the real gradients scaled for real, by a real total only (torch copies it to each one's device)
+        if not _real(total_norm):
+            raise NotImplementedError(_NO_DATA)
+        torch.ops.reduce.clip_grads_(real, total_norm, max_norm)
