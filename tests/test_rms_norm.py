@@ -157,6 +157,19 @@ def test_convert_norms_converts_what_it_can_keep(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_convert_norms_leaves_the_random_stream_alone(device):
+    """Probing a transformers-style norm draws from a generator of its own: a seeded run draws the same numbers after
+    converting as without (dropout masks, data order)."""
+    model = norms_model().to(device)
+    torch.manual_seed(1)
+    want = torch.rand(4, device=device)
+    torch.manual_seed(1)
+    torch_reduce.nn.convert_norms(model)
+    assert type(model[3]) is not LlamaStyleRMSNorm  # the probe ran
+    torch.testing.assert_close(torch.rand(4, device=device), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
                                     (torch.bfloat16, torch.bfloat16)], ids=["bf16_in", "bf16_weight", "bf16_both"])
 def test_transformers_style_norm_keeps_its_dtypes(dtypes, device):

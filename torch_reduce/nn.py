@@ -73,9 +73,11 @@ def _is_transformers_rms_norm(module: torch.nn.Module) -> bool:
     weight = params["weight"]
     if weight.device.type == "meta":
         return False
+    # A generator of its own: converting a model leaves the caller's random stream where it was.
+    generator = torch.Generator(weight.device).manual_seed(0)
     with torch.no_grad(), torch.autocast(weight.device.type, enabled=False):
         for dtype in dict.fromkeys((weight.dtype, torch.float32)):
-            x = torch.randn(3, weight.numel(), device=weight.device, dtype=dtype)
+            x = torch.randn(3, weight.numel(), device=weight.device, dtype=dtype, generator=generator)
             theirs = cls.forward(module, x)  # not module(x): its hooks are not for this probe
             ours = _transformers_rms_norm_forward(module, x)
             if theirs.dtype != ours.dtype or not torch.allclose(theirs.float(), ours.float(), rtol=2e-2, atol=1e-2):
