@@ -203,7 +203,10 @@ def tiny_gpt2(width):
 
 
 TRANSFORMERS = {"llama": tiny_llama, "gpt2": tiny_gpt2}
-# Norm-wise relative tolerances (see tests/test_training.py): logits and gradients; parameters after 20 steps.
+# Norm-wise relative tolerances (see tests/test_training.py): logits and gradients at the first step; the losses of
+# later steps and the parameters after 20 steps, which AdamW drifts apart (it scales each update by the gradient's
+# own size, so a last-bit difference in a near-zero gradient becomes a step of lr: the float32 Llama on the H200
+# reached 1.15e-5 at step 11 with its kernels' bits unchanged, on other random inputs).
 MODEL_TOL = {"float32": 1e-5, "bf16_autocast": 2e-2}
 STEP_TOL = {"float32": 1e-4, "bf16_autocast": 2e-2}
 MODEL_CASES = [pytest.param("cpu", mode, id=f"cpu-{mode}") for mode in MODEL_TOL]
@@ -246,6 +249,6 @@ def test_transformers_model_converted(name, device, mode):
             assert_close_normwise(l_ours, l_ref, tol, "logits")
             for (n, _), g, w in zip(reference.named_parameters(), g_ours, g_ref):
                 assert_close_normwise(g, w, max(tol, 1e-4) if mode == "float32" else tol, f"gradient of {n}")
-        assert_close_normwise(loss_ours, loss_ref, tol, f"loss at step {step}")
+        assert_close_normwise(loss_ours, loss_ref, tol if step == 0 else step_tol, f"loss at step {step}")
     flat = lambda m: torch.cat([p.detach().flatten() for p in m.parameters()])  # noqa: E731
     assert_close_normwise(flat(ours), flat(reference), step_tol, "parameters after 20 AdamW steps")

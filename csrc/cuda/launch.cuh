@@ -88,6 +88,41 @@ void launch_in_clusters(void (*kernel)(Params...), int64_t grid, unsigned block,
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
+// kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent launch where the GPU has them (sm_90 and
+// newer): its blocks may start while the kernel before it on the stream finishes, once every block of that one has
+// called allow_dependent_launch(), and must call wait_for_previous_grid() before reading what that one wrote.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), int64_t grid, unsigned block, cudaStream_t stream, Args... args) {
+  if (at::cuda::getCurrentDeviceProperties()->major < 9) {
+    kernel<<<static_cast<unsigned>(grid), block, 0, stream>>>(args...);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(block);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+// The two sides of launch_dependent, in device code: no-ops where the launch was an ordinary one, or before sm_90.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Lets `kernel` take as much dynamic shared memory as a block of the current device may have beside the
 // kernel's static shared memory (beyond 48 KiB in all needs this, once per device and kernel); returns that
 // many bytes, the most a launch of it may ask for.

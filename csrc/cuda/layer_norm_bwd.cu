@@ -5,6 +5,12 @@
 //   resident grid of blocks walks the rows, each block sums its rows' columns into one partial row, and
 //   column_fold_kernel folds the partials in a fixed order (the same bits on every run). x and dy are read
 //   once: 3 x N elements of traffic (torch reads them twice, once for grad_input and once for the column sums).
+//   The fold is a programmatic dependent launch (launch_dependent, sm_90 and newer): the row kernel's blocks let it
+//   launch once their rows are done, and its blocks wait there for the partial rows: the fold's launch overlaps the
+//   row kernel's last rows. H200, the backward op alone, graph replay, 20 LayerNorm and RMSNorm cases of 1024-65536
+//   rows, two runs each: 0.97-1.15x (geomean 1.02x; bfloat16 LayerNorm 1024x1024 7.8 -> 6.8 us, RMSNorm 2048x1600
+//   11.6 -> 10.8); the same launch allowed at the row kernel's start, its blocks waiting beside the rows:
+//   0.96-1.07x (geomean 1.01x; RMSNorm float32 1024x2560 13.7 -> 14.3 us); logs/ab_bwd_dependent_fold.jsonl.
 //   A fused add + norm's backward passes grad_sum, the gradient of the sum's other uses, which is added to
 //   grad_input as it is stored.
 // Row kernel (16-byte aligned rows): thread t of a row's group owns the same columns in every row it visits
@@ -469,6 +475,7 @@ __global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
       }
     });
   }
+  allow_dependent_launch();  // its rows are done: the column fold may launch (launch_dependent)
   if (partials == nullptr) return;
   // The block's partial row, in column_run's layout. Several groups (warp rows) meet in shared memory first.
   if constexpr (!kInShared) {
@@ -548,6 +555,7 @@ __global__ void __launch_bounds__(BLOCK)
       }
     }
   }
+  allow_dependent_launch();
   if (column_sums) {
     __syncthreads();
     fold_groups<BLOCK, kGroups>(columns, slots, partials + blockIdx.x * slots);
@@ -564,6 +572,7 @@ __global__ void __launch_bounds__(Tuning::kFoldTile * Tuning::kFoldLanes)
                        int64_t run_length, param_t* __restrict__ grad_weight, param_t* __restrict__ grad_bias) {
   constexpr unsigned kFoldTile = Tuning::kFoldTile, kFoldLanes = Tuning::kFoldLanes;
   const unsigned lane = threadIdx.x % kFoldTile, chunk_lane = threadIdx.x / kFoldTile;
+  wait_for_previous_grid();  // the row kernel's partial rows
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFoldTile + lane;  // slot of a partial row
   acc_t s = 0;
   if (c < slots) {
@@ -846,11 +855,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
           const int64_t tiles = (slots + Tuning::kFoldTile - 1) / Tuning::kFoldTile;
           TORCH_CHECK(tiles <= std::numeric_limits<int32_t>::max(), op, ": normalized size too large: ", cols);
           constexpr unsigned kFoldThreads = Tuning::kFoldTile * Tuning::kFoldLanes;
-          column_fold_kernel<Tuning, param_t, acc_t><<<tiles, kFoldThreads, 0, stream>>>(
-              partials.const_data_ptr<acc_t>(), grid, slots, cols, partial_vectors, partial_run,
-              grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<param_t>() : nullptr,
-              grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<param_t>() : nullptr);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          launch_dependent(column_fold_kernel<Tuning, param_t, acc_t>, tiles, kFoldThreads, stream,
+                           partials.const_data_ptr<acc_t>(), grid, slots, cols, partial_vectors, partial_run,
+                           grad_weight.numel() > 0 ? grad_weight.mutable_data_ptr<param_t>() : nullptr,
+                           grad_bias.numel() > 0 ? grad_bias.mutable_data_ptr<param_t>() : nullptr);
         }
       });
     });
