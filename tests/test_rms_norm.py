@@ -5,6 +5,7 @@ transformers models (Llama: RMSNorm; GPT-2: LayerNorm) converted, against the un
 parameter's gradient, and 20 AdamW steps, in float32 and under bf16 autocast."""
 import copy
 from contextlib import nullcontext
+from functools import partial
 
 import pytest
 import torch
@@ -203,14 +204,38 @@ def tiny_gpt2(width):
 
 
 TRANSFORMERS = {"llama": tiny_llama, "gpt2": tiny_gpt2}
-# Norm-wise relative tolerances (see tests/test_training.py): logits and gradients at the first step; the losses of
-# later steps and the parameters after 20 steps, which AdamW drifts apart (it scales each update by the gradient's
-# own size, so a last-bit difference in a near-zero gradient becomes a step of lr: the float32 Llama on the H200
-# reached 1.15e-5 at step 11 with its kernels' bits unchanged, on other random inputs).
+# Norm-wise relative tolerances (see tests/test_training.py): logits and gradients at the first step. Later steps
+# drift apart in any two float32 implementations of the norms (AdamW scales each update by its gradient's own size,
+# so last-bit differences in small gradients grow into whole steps), so the losses of later steps and the
+# parameters after 20 steps are held to STEP_TOL, or, where more, to 4x the drift of a control: the same model with
+# its norms computed in float64 and rounded once, as exact as a float32 norm can be. Measured on the CPU (Llama,
+# width 512, six seeds): ours 3.8e-6 to 5.1e-5 after 20 steps, the control 4.4e-6 to 5.2e-5, seed by seed alike.
 MODEL_TOL = {"float32": 1e-5, "bf16_autocast": 2e-2}
 STEP_TOL = {"float32": 1e-4, "bf16_autocast": 2e-2}
 MODEL_CASES = [pytest.param("cpu", mode, id=f"cpu-{mode}") for mode in MODEL_TOL]
 MODEL_CASES += [pytest.param("cuda", mode, id=f"cuda-{mode}", marks=requires_cuda) for mode in MODEL_TOL]
+
+
+def float64_norms(model):
+    """``model`` with each norm's forward computed in float64 and rounded to its input's dtype once (float32 runs)."""
+    def rms(module, h):
+        x = h.double()
+        return module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)).to(h.dtype)
+
+    def layer(module, h):
+        return F.layer_norm(h.double(), module.normalized_shape, module.weight.double(), module.bias.double(),
+                            module.eps).to(h.dtype)
+
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            module.forward = partial(layer, module)
+        elif type(module).__name__.endswith("RMSNorm"):
+            module.forward = partial(rms, module)
+    return model
+
+
+def relative(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-12)).item()
 
 
 @pytest.mark.parametrize("device,mode", MODEL_CASES)
@@ -229,26 +254,39 @@ def test_transformers_model_converted(name, device, mode):
                      torch_reduce.nn._transformers_rms_norm_forward)
     norms = [m for m in ours.modules() if "Norm" in type(m).__name__]
     assert norms and all(type(m).forward in ours_forwards for m in norms), [type(m) for m in norms]
+    models = {"reference": reference, "ours": ours}
+    if mode == "float32":  # under autocast the drift allowed (2e-2) is far above a control's
+        models["control"] = float64_norms(copy.deepcopy(reference))
     autocast = torch.autocast(device, dtype=torch.bfloat16) if mode == "bf16_autocast" else nullcontext()
     tol, step_tol = MODEL_TOL[mode], STEP_TOL[mode]
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (reference, ours)]
+    optimizers = {key: torch.optim.AdamW(m.parameters(), lr=1e-3) for key, m in models.items()}
+    drift = {key: 0.0 for key in models if key != "reference"}  # the largest loss error of the later steps
     for step in range(20):
         idx = torch.randint(0, 128, (2, 32), device=device)
-        results = []
-        for model, optimizer in zip((reference, ours), optimizers):
+        results = {}
+        for key, model in models.items():
             with autocast:
                 logits = model(idx).logits
             loss = F.cross_entropy(logits.float().flatten(0, 1)[:-1], idx.flatten()[1:])
-            optimizer.zero_grad()
+            optimizers[key].zero_grad()
             loss.backward()
-            results.append((logits, loss, [p.grad.clone() for p in model.parameters()]))
-            optimizer.step()
-        (l_ref, loss_ref, g_ref), (l_ours, loss_ours, g_ours) = results
+            results[key] = (logits, loss, [p.grad.clone() for p in model.parameters()])
+            optimizers[key].step()
+        (l_ref, loss_ref, g_ref), (l_ours, loss_ours, g_ours) = results["reference"], results["ours"]
         assert l_ours.dtype == l_ref.dtype
         if step == 0:
             assert_close_normwise(l_ours, l_ref, tol, "logits")
             for (n, _), g, w in zip(reference.named_parameters(), g_ours, g_ref):
                 assert_close_normwise(g, w, max(tol, 1e-4) if mode == "float32" else tol, f"gradient of {n}")
-        assert_close_normwise(loss_ours, loss_ref, tol if step == 0 else step_tol, f"loss at step {step}")
+            assert_close_normwise(loss_ours, loss_ref, tol, "loss at step 0")
+        for key in drift:
+            drift[key] = max(drift[key], relative(results[key][1], loss_ref))
     flat = lambda m: torch.cat([p.detach().flatten() for p in m.parameters()])  # noqa: E731
-    assert_close_normwise(flat(ours), flat(reference), step_tol, "parameters after 20 AdamW steps")
+    control_loss, control_params = drift.get("control", 0.0), 0.0
+    if "control" in models:
+        control_params = relative(flat(models["control"]), flat(reference))
+    assert drift["ours"] <= max(step_tol, 4 * control_loss), (
+        f"losses of steps 1-19: |ours - torch| / |torch| up to {drift['ours']:.2e} (control {control_loss:.2e})")
+    params = relative(flat(ours), flat(reference))
+    assert params <= max(step_tol, 4 * control_params), (
+        f"parameters after 20 AdamW steps: |ours - torch| / |torch| = {params:.2e} (control {control_params:.2e})")
