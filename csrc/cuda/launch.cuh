@@ -71,13 +71,10 @@ int64_t resident_clusters(Kernel kernel, int block, size_t shared_bytes, int clu
   return it->second;
 }
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...) in clusters of `cluster` blocks (grid a multiple of it).
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) with one launch attribute (cudaLaunchKernelEx).
 template <typename... Params, typename... Args>
-void launch_in_clusters(void (*kernel)(Params...), int64_t grid, unsigned block, size_t shared_bytes,
-                        cudaStream_t stream, int cluster, Args... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+void launch_with(cudaLaunchAttribute attribute, void (*kernel)(Params...), int64_t grid, unsigned block,
+                 size_t shared_bytes, cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(grid));
   config.blockDim = dim3(block);
@@ -86,6 +83,16 @@ void launch_in_clusters(void (*kernel)(Params...), int64_t grid, unsigned block,
   config.attrs = &attribute;
   config.numAttrs = 1;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) in clusters of `cluster` blocks (grid a multiple of it).
+template <typename... Params, typename... Args>
+void launch_in_clusters(void (*kernel)(Params...), int64_t grid, unsigned block, size_t shared_bytes,
+                        cudaStream_t stream, int cluster, Args... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+  launch_with(attribute, kernel, grid, block, shared_bytes, stream, args...);
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent launch where the GPU has them (sm_90 and
@@ -101,13 +108,7 @@ void launch_dependent(void (*kernel)(Params...), int64_t grid, unsigned block, c
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(block);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  launch_with(attribute, kernel, grid, block, 0, stream, args...);
 }
 
 // The two sides of launch_dependent, in device code: no-ops where the launch was an ordinary one, or before sm_90.
