@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import torch_reduce
 from conftest import DEVICES, requires_cuda
@@ -418,6 +418,62 @@ def test_backward_wide_rows_mixed_and_plain(rows, dtype, hidden, param_dtype):
     for g, w64 in zip(got[1:], want[1:]):
         scale = max(1.0, w64.abs().max().item())
         torch.testing.assert_close(g.double() / scale, w64 / scale, **SUM_TOL[dtype], check_dtype=False)
+
+
+def unaligned(rows, hidden, dtype, device):
+    """A (rows, hidden) view one element past its storage's start: not 16-byte aligned, as the vector kernels need."""
+    return torch.randn(rows * hidden + 1, device=device).to(dtype)[1:].view(rows, hidden)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(list(NORM_CALLS)), dtype=st.sampled_from(DTYPES),
+       hidden=st.one_of(st.integers(1, 20000), st.integers(1, 5000).map(lambda k: 8 * k),
+                        st.sampled_from([768, 1024, 1600, 2560, 4096, 5120, 8192, 12288, 18432])),
+       data=st.data())
+def test_norms_drawn_shapes(device, name, dtype, hidden, data):
+    """Any row count and width, so that every plan of the forward and backward (warp rows, blocks of any size, rows
+    two at a time, column sums in registers or shared memory, rows read twice or split over a cluster, streamed
+    rows, waves of more rows than the GPU holds) meets shapes no list names: every norm, plain and fused, with
+    float32 parameters beside a 16-bit input or the input's own, aligned or not; the output, the sum, and every
+    gradient against float64."""
+    cap = 2**23 if device == "cuda" else 2**15
+    rows = data.draw(st.integers(1, max(1, min(70000, cap // hidden))), label="rows")
+    param_dtype = torch.float32 if dtype != torch.float32 and data.draw(st.booleans(), label="mixed") else dtype
+    if data.draw(st.booleans(), label="unaligned"):
+        x, r = (unaligned(rows, hidden, dtype, device) for _ in range(2))
+    else:
+        x, r = (torch.randn(rows, hidden, device=device).to(dtype) for _ in range(2))
+    x, r = x.requires_grad_(), r.requires_grad_()
+    w, b = make_params((hidden,), param_dtype, device, True, True)
+    layer, fused = "layer" in name, name.startswith("add")
+    params = (w, b) if layer else (w,)
+    if fused:
+        call = torch_reduce.add_layer_norm if layer else torch_reduce.add_rms_norm
+        y, s = call(x, r, (hidden,), *params)
+        outputs, inputs = (y, s), (x, r, *params)
+        assert torch.equal(s, x + r)
+    else:
+        call = torch_reduce.layer_norm if layer else torch_reduce.rms_norm
+        y, s = call(x, (hidden,), *params), x
+        outputs, inputs = (y,), (x, *params)
+    s64, w64, b64 = (t.detach().double().requires_grad_() for t in (s, w, b))
+    y64 = F.layer_norm(s64, (hidden,), w64, b64) if layer else F.rms_norm(s64, (hidden,), w64)
+    kappa = conditioning(s, (hidden,), 1e-5)
+    tol = {k: v * kappa for k, v in TOL[dtype].items()}
+    assert y.dtype == dtype and all(p.grad is None for p in params)
+    torch.testing.assert_close(y, y64.to(dtype), **tol)
+    grads_out = [torch.randn_like(t) for t in outputs]
+    got = torch.autograd.grad(outputs, inputs, grads_out)
+    want = torch.autograd.grad(y64, (s64, w64, b64) if layer else (s64, w64), grads_out[0].double())
+    want_input = want[0] + grads_out[1].double() if fused else want[0]
+    for g in got[:2 if fused else 1]:
+        torch.testing.assert_close(g, want_input.to(dtype), **tol)
+    for g, p, p64 in zip(got[2 if fused else 1:], params, want[1:]):
+        assert g.dtype == p.dtype
+        scale = max(1.0, p64.abs().max().item())
+        sum_tol = {k: v * kappa for k, v in SUM_TOL[dtype].items()}
+        torch.testing.assert_close(g.double() / scale, p64 / scale, **sum_tol, check_dtype=False)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -205,6 +205,12 @@ __device__ __forceinline__ void group_sync() {
 // bfloat16 1.01-1.21x (median 1.09x, 65536x768 40.3 -> 34.6 us), float32 0.98-1.18x (median 1.01x); LayerNorm
 // forward at 1024 rows 1.12-1.26x (float32 1024x768 4.9 -> 3.9 us), over its grid a median 1.00x (float32) and
 // 1.04x (bfloat16), some shapes 5-8% slower (float32 4096x1024 9.4 -> 10.2 us), not explained.
+// One reduction instead of the two, where every thread holds as many vectors (each thread's mean and m2 of its own
+// elements from its registers first, then Chan's combine of equal runs over the group: halves, no division), lost
+// (H200, graph replay, the ops alone, 20 cases, two runs a build, alternating): LayerNorm forward 0.94-1.01x (geomean
+// 0.98; float32 1024x1024 3.87 -> 4.10 us), var_mean 0.90-1.06x (geomean 0.97; float32 4096x1024 6.55 -> 7.12), the
+// same against Liger-Kernel (bfloat16 4096x4096 24.2 and 25.0 us, Liger 21.5): the row does not wait on its second
+// reduction (benchmarks/results/nvidia-h200/logs/ab_equal_runs_stats.jsonl).
 template <unsigned GROUP, unsigned BLOCK, bool kInRegisters, typename acc_t, typename scalar_t, int ITEMS>
 __device__ __forceinline__ Welford<acc_t> row_stats(const scalar_t* row, scalar_t first, int64_t cols, unsigned t,
                                                     RowRegisters<scalar_t, ITEMS>& regs) {
