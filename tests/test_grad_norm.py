@@ -239,7 +239,9 @@ def test_norm_within_max_norm_changes_no_bit(dtype, device):
             ours[1].grad[0, :2] = torch.tensor([float("inf"), float("nan")], dtype=dtype)
         theirs = clone_params(ours)
         before = [p.grad.clone() for p in ours]
-        norm = torch_reduce.get_total_norm(before).item()
+        # Just above both norms: ours and torch's may differ by an ulp (a 16-bit norm's ulp is 2^-10 of it), and a
+        # limit just above ours alone left torch's coefficient an ulp under 1 (3 of 20 seeds).
+        norm = max(torch_reduce.get_total_norm(before).item(), torch.nn.utils.get_total_norm(before).item())
         limit = max_norm if max_norm is not None else norm * (1 + 1e-7)
         torch_reduce.clip_grad_norm_(ours, limit)
         torch.nn.utils.clip_grad_norm_(theirs, limit, foreach=True)
