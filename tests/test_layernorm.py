@@ -284,12 +284,44 @@ def norm_inputs(device):
     return x, r, w, b
 
 
-def float64_norm_grads(name, s, w, b, grad):
-    """The gradients of norm `name` (without its residual add) at the input s, in float64."""
+def check_norm_grads(name, x, r, w, b, eps=None):
+    """Norm `name` of x (plain; fused: of x + r) with weight w (and bias b, LayerNorm), eps None the norm's default:
+    the output, the fused sum (bitwise) and every gradient against float64, the reference given the eps ours used
+    (RMSNorm's default is float32's machine epsilon for a float32 or 16-bit input; float64's own would differ on rows
+    of tiny values). Returns the outputs, parameters, output gradients and gradients, for further checks."""
+    layer, fused = "layer" in name, name.startswith("add")
+    hidden, dtype = x.shape[-1], x.dtype
+    default_eps = 1e-5 if layer else torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    eps_used = default_eps if eps is None else eps
+    params = (w, b) if layer else (w,)
+    kwargs = {} if eps is None else {"eps": eps}
+    if fused:
+        call = torch_reduce.add_layer_norm if layer else torch_reduce.add_rms_norm
+        y, s = call(x, r, (hidden,), *params, **kwargs)
+        outputs, inputs = (y, s), (x, r, *params)
+        assert torch.equal(s, x + r)
+    else:
+        call = torch_reduce.layer_norm if layer else torch_reduce.rms_norm
+        y, s = call(x, (hidden,), *params, **kwargs), x
+        outputs, inputs = (y,), (x, *params)
     s64, w64, b64 = (t.detach().double().requires_grad_() for t in (s, w, b))
-    layer = "layer" in name
-    y = F.layer_norm(s64, (s.shape[-1],), w64, b64) if layer else F.rms_norm(s64, (s.shape[-1],), w64)
-    return torch.autograd.grad(y, (s64, w64, b64) if layer else (s64, w64), grad.double())
+    y64 = F.layer_norm(s64, (hidden,), w64, b64, eps_used) if layer else F.rms_norm(s64, (hidden,), w64, eps_used)
+    kappa = conditioning(s, (hidden,), eps_used)
+    tol = {k: v * kappa for k, v in TOL[dtype].items()}
+    assert y.dtype == dtype
+    torch.testing.assert_close(y, y64.to(dtype), **tol)
+    grads_out = [torch.randn_like(t) for t in outputs]
+    got = torch.autograd.grad(outputs, inputs, grads_out, retain_graph=True)
+    want = torch.autograd.grad(y64, (s64, w64, b64) if layer else (s64, w64), grads_out[0].double())
+    want_input = want[0] + grads_out[1].double() if fused else want[0]
+    for g in got[:2 if fused else 1]:
+        torch.testing.assert_close(g, want_input.to(dtype), **tol)
+    sum_tol = {k: v * kappa for k, v in SUM_TOL[dtype].items()}
+    for g, p, p64 in zip(got[2 if fused else 1:], params, want[1:]):
+        assert g.dtype == p.dtype
+        scale = max(1.0, p64.abs().max().item())
+        torch.testing.assert_close(g.double() / scale, p64 / scale, **sum_tol, check_dtype=False)
+    return outputs, params, grads_out, got
 
 
 @requires_cuda
@@ -306,29 +338,9 @@ def test_backward_kernel_layouts(rows, hidden, dtype, name):
     against float64, and the parameter gradients the same bits on a second run."""
     x, r = (torch.randn(rows, hidden, device="cuda").to(dtype).requires_grad_() for _ in range(2))
     w, b = make_params((hidden,), dtype, "cuda", True, True)
-    layer, fused = "layer" in name, name.startswith("add")
-    params = (w, b) if layer else (w,)
-    if fused:
-        call = torch_reduce.add_layer_norm if layer else torch_reduce.add_rms_norm
-        y, s = call(x, r, (hidden,), *params)
-        outputs, inputs = (y, s), (x, r, *params)
-    else:
-        call = torch_reduce.layer_norm if layer else torch_reduce.rms_norm
-        y, s = call(x, (hidden,), *params), x
-        outputs, inputs = (y,), (x, *params)
-    grads_out = [torch.randn_like(t) for t in outputs]
-    got = torch.autograd.grad(outputs, inputs, grads_out, retain_graph=True)
-    want = float64_norm_grads(name, s, w, b, grads_out[0])
-    want_input = want[0] + grads_out[1].double() if fused else want[0]
-    kappa = conditioning(s, (hidden,), 1e-5)
-    tol = {k: v * kappa for k, v in TOL[dtype].items()}
-    for g in got[:2 if fused else 1]:
-        torch.testing.assert_close(g, want_input.to(dtype), **tol)
-    for g, w64 in zip(got[2 if fused else 1:], want[1:]):
-        scale = max(1.0, w64.abs().max().item())
-        torch.testing.assert_close(g.double() / scale, w64 / scale, **SUM_TOL[dtype], check_dtype=False)
+    outputs, params, grads_out, got = check_norm_grads(name, x, r, w, b)
     again = torch.autograd.grad(outputs, params, grads_out)
-    for g, h in zip(got[2 if fused else 1:], again):
+    for g, h in zip(got[len(got) - len(params):], again):
         assert torch.equal(g, h)
 
 
@@ -436,10 +448,7 @@ def test_norms_drawn_shapes(device, name, dtype, hidden, eps, data):
     two at a time, column sums in registers or shared memory, rows read twice or split over a cluster, streamed
     rows, waves of more rows than the GPU holds) meets shapes no list names: every norm, plain and fused, with
     float32 parameters beside a 16-bit input or the input's own, aligned or not; the output, the sum, and every
-    gradient against float64. eps None: each norm's default (RMSNorm's is float32's machine epsilon for these inputs,
-    so the float64 reference is given it: its own would be float64's)."""
-    layer, fused = "layer" in name, name.startswith("add")
-    eps_used = eps if eps is not None else (1e-5 if layer else torch.finfo(torch.float32).eps)
+    gradient against float64 (check_norm_grads), eps drawn or the norm's default."""
     cap = 2**23 if device == "cuda" else 2**15
     most = max(1, min(70000, cap // hidden))  # drawn integers lean small: the planner's many-row plans need many rows
     rows = data.draw(st.one_of(st.integers(1, most), st.integers(most // 2, most)), label="rows")
@@ -448,37 +457,8 @@ def test_norms_drawn_shapes(device, name, dtype, hidden, eps, data):
         x, r = (unaligned(rows, hidden, dtype, device) for _ in range(2))
     else:
         x, r = (torch.randn(rows, hidden, device=device).to(dtype) for _ in range(2))
-    x, r = x.requires_grad_(), r.requires_grad_()
     w, b = make_params((hidden,), param_dtype, device, True, True)
-    params = (w, b) if layer else (w,)
-    kwargs = {} if eps is None else {"eps": eps}
-    if fused:
-        call = torch_reduce.add_layer_norm if layer else torch_reduce.add_rms_norm
-        y, s = call(x, r, (hidden,), *params, **kwargs)
-        outputs, inputs = (y, s), (x, r, *params)
-        assert torch.equal(s, x + r)
-    else:
-        call = torch_reduce.layer_norm if layer else torch_reduce.rms_norm
-        y, s = call(x, (hidden,), *params, **kwargs), x
-        outputs, inputs = (y,), (x, *params)
-    s64, w64, b64 = (t.detach().double().requires_grad_() for t in (s, w, b))
-    y64 = (F.layer_norm(s64, (hidden,), w64, b64, eps_used) if layer else
-           F.rms_norm(s64, (hidden,), w64, eps_used))
-    kappa = conditioning(s, (hidden,), eps_used)
-    tol = {k: v * kappa for k, v in TOL[dtype].items()}
-    assert y.dtype == dtype and all(p.grad is None for p in params)
-    torch.testing.assert_close(y, y64.to(dtype), **tol)
-    grads_out = [torch.randn_like(t) for t in outputs]
-    got = torch.autograd.grad(outputs, inputs, grads_out)
-    want = torch.autograd.grad(y64, (s64, w64, b64) if layer else (s64, w64), grads_out[0].double())
-    want_input = want[0] + grads_out[1].double() if fused else want[0]
-    for g in got[:2 if fused else 1]:
-        torch.testing.assert_close(g, want_input.to(dtype), **tol)
-    for g, p, p64 in zip(got[2 if fused else 1:], params, want[1:]):
-        assert g.dtype == p.dtype
-        scale = max(1.0, p64.abs().max().item())
-        sum_tol = {k: v * kappa for k, v in SUM_TOL[dtype].items()}
-        torch.testing.assert_close(g.double() / scale, p64 / scale, **sum_tol, check_dtype=False)
+    check_norm_grads(name, x.requires_grad_(), r.requires_grad_(), w, b, eps)
 
 
 @pytest.mark.parametrize("device", DEVICES)
