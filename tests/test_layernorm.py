@@ -28,6 +28,11 @@ def make_params(shape, dtype, device, affine, with_bias):
     return weight, bias
 
 
+def unaligned(rows, hidden, dtype, device):
+    """A (rows, hidden) view one element past its storage's start: not 16-byte aligned, as the vector kernels need."""
+    return torch.randn(rows * hidden + 1, device=device).to(dtype)[1:].view(rows, hidden)
+
+
 def reference(x, shape, weight, bias, eps):
     """F.layer_norm in float64, rounded to the input dtype: what exact math gives."""
     up = lambda t: None if t is None else t.detach().double().requires_grad_()  # noqa: E731
@@ -137,8 +142,8 @@ def test_views_and_unaligned(device):
     base = torch.randn(40, 65, device=device)
     check(base[:, 1:], (64,), *make_params((64,), torch.float32, device, True, True))  # copied contiguous
     for hidden in (64, 2048, 40000):  # contiguous but 4 bytes past a 16-byte boundary: the streaming kernels
-        shifted = torch.randn(7 * hidden + 1, device=device)[1:].view(7, hidden)
-        check(shifted, (hidden,), *make_params((hidden,), torch.float32, device, True, True))
+        check(unaligned(7, hidden, torch.float32, device), (hidden,),
+              *make_params((hidden,), torch.float32, device, True, True))
     check(base.t(), (40,), None, None)
     check(torch.randn(5, 2, 3, device=device).transpose(0, 1), (3,), None, None)
 
@@ -430,11 +435,6 @@ def test_backward_wide_rows_mixed_and_plain(rows, dtype, hidden, param_dtype):
     for g, w64 in zip(got[1:], want[1:]):
         scale = max(1.0, w64.abs().max().item())
         torch.testing.assert_close(g.double() / scale, w64 / scale, **SUM_TOL[dtype], check_dtype=False)
-
-
-def unaligned(rows, hidden, dtype, device):
-    """A (rows, hidden) view one element past its storage's start: not 16-byte aligned, as the vector kernels need."""
-    return torch.randn(rows * hidden + 1, device=device).to(dtype)[1:].view(rows, hidden)
 
 
 @pytest.mark.parametrize("device", DEVICES)
