@@ -112,6 +112,16 @@ def test_edges(device):
     check(x, -1)  # (inf is left out: torch's own Welford gives an order-dependent inf or NaN mean)
 
 
+# Reductions over nothing: the variance is NaN at every correction, as torch's, though a negative one makes
+# N - correction positive (0 / 1 would be 0).
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("correction", [-2, -1, -0.5, 0, 1], ids=str)
+@pytest.mark.parametrize("shape,dim", [((0,), None), ((0, 5), 0), ((3, 0), 1), ((3, 0, 2), (1, 2)), ((0, 4), None)],
+                         ids=str)
+def test_of_nothing(shape, dim, correction, device):
+    check(torch.randn(shape, device=device), dim, correction=correction)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("cols", [5, 1024, 3 * 2**16 + 5])  # one thread's run, a block's row, a split row

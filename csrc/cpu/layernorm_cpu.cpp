@@ -98,9 +98,9 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& input, at::Opt
     parallel_for_best_vectors(0, rows, row_grain(inner), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const Welford<double> w = row_stats(x + r * inner, inner, one_row);
-        // An empty row: mean NaN (0/0) as torch gives.
+        // An empty row: mean and variance NaN, as torch gives (a negative correction makes the divisor positive).
         mean[r] = static_cast<scalar_t>(inner > 0 ? w.mean : std::nan(""));
-        var[r] = static_cast<scalar_t>(w.m2 / p.divisor);
+        var[r] = static_cast<scalar_t>(inner > 0 ? w.m2 / p.divisor : std::nan(""));
       }
     });
   });
