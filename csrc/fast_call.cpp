@@ -191,6 +191,8 @@ struct DimReductionSpec {
     a.all_dims = dim == nullptr || dim == Py_None;
     if (!a.all_dims && !read_ints(dim, a.dims)) return false;
     if (keepdim != nullptr && keepdim != Py_True && keepdim != Py_False) return false;
+    // sum/mean/prod(x, keepdim=...) without dim: the wrapper raises torch's TypeError.
+    if (std::is_same_v<Signature, DimsDtype> && dim == nullptr && keepdim != nullptr) return false;
     a.keepdim = keepdim == Py_True;
     return true;
   }

@@ -525,11 +525,14 @@ def test_out_keeps_its_strides_and_rules(name, device):
         call(ours(name), name, x.clone().requires_grad_(), 1, out=torch.empty(6, device=device))
     with pytest.raises(RuntimeError, match="cross-device copies are not allowed"):
         call(ours(name), name, x, 1, out=torch.empty(6, device="meta"))
-    if name in ("sum", "prod"):  # torch takes out= only with a dim
+    if name in ("sum", "prod"):  # torch takes out= only with a dim (sum's may be None)
         with pytest.raises(TypeError):
             torch_op(name)(x, out=torch.empty((), device=device))
         with pytest.raises(TypeError, match="out= needs dim"):
             ours(name)(x, out=torch.empty((), device=device))
+        o = torch.empty((), device=device)
+        torch.testing.assert_close(ours(name)(x, None, out=o), torch_op(name)(x.flatten(), 0))
+        assert o.shape == ()
     else:
         o = torch.empty(3, device=device)
         with pytest.warns(UserWarning, match="was resized"):
@@ -538,6 +541,25 @@ def test_out_keeps_its_strides_and_rules(name, device):
     if name == "amax":  # amax(x, dim=None, out=) as torch.amax takes it
         o = torch.empty((), device=device)
         torch.testing.assert_close(torch_reduce.amax(x, dim=None, out=o), torch.amax(x, dim=None))
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "prod", "amax", "amin", "vector_norm", "var_mean"])
+def test_keepdim_without_dim_like_torch(name):
+    """keepdim= without dim: sum, mean and prod raise torch's TypeError (keepdim belongs to their overload with
+    dim; dim=None then reduces every dim), the others reduce every dim, as torch's do."""
+    x = torch.randn(3, 4)
+    theirs = {"vector_norm": torch.linalg.vector_norm}.get(name, getattr(torch, name, None))
+    for keepdim in (True, False):
+        try:
+            want = theirs(x, keepdim=keepdim)
+        except TypeError:
+            with pytest.raises(TypeError, match="keepdim= needs dim"):
+                getattr(torch_reduce, name)(x, keepdim=keepdim)
+            got = getattr(torch_reduce, name)(x, None, keepdim)
+            want = theirs(x, None, keepdim) if name != "prod" else torch.prod(x).reshape((1, 1) if keepdim else ())
+        else:
+            got = getattr(torch_reduce, name)(x, keepdim=keepdim)
+        torch.testing.assert_close(got, want)
 
 
 def test_var_mean_has_no_out_like_torch():

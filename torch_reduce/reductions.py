@@ -95,17 +95,27 @@ def _dims(name: str, dim, argument: str = "dim"):
     return [operator.index(d) for d in dim]
 
 
+# sum/mean/prod's defaults of dim (None) and keepdim (False), told from the same values given: torch.sum(x,
+# keepdim=True) raises where torch.sum(x, None, True) reduces every dim, since keepdim= (and sum's and prod's out=)
+# belong to the overload with dim. Plain objects, which torch.compile traces as constants.
+_NO_DIM, _NO_KEEPDIM = object(), object()
+
+
 def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     op = getattr(torch.ops.reduce, row.name)
     name = row.name
     if row.signature == "DimsDtype":
-        def reduction(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,
+        def reduction(input: torch.Tensor, dim: Dims = _NO_DIM, keepdim: bool = _NO_KEEPDIM, *,
                       dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-            dim = _dims(name, dim)
+            if dim is _NO_DIM:
+                if keepdim is not _NO_KEEPDIM:
+                    raise TypeError(f"{name}(): keepdim= needs dim (None: every dim), as torch.{name}'s does")
+                if out is not None and name != "mean":  # torch.mean's first overload takes out=, sum's and prod's not
+                    raise TypeError(f"{name}(): out= needs dim (None: every dim), as torch.{name}'s does")
+                dim = None
+            dim, keepdim = _dims(name, dim), False if keepdim is _NO_KEEPDIM else keepdim
             if out is None:
                 return op(input, dim, keepdim, dtype=dtype)
-            if dim is None and name != "mean":  # torch.sum and torch.prod take out= only with dim
-                raise TypeError(f"{name}(): out= needs dim, as torch.{name}'s does")
             return _write_out(name, input, out, lambda d: op(input, dim, keepdim, dtype=d), dtype)
     elif row.signature == "Dims":
         def reduction(input: torch.Tensor, dim: Dims = (), keepdim: bool = False, *,
