@@ -4,6 +4,7 @@ complex128 / int64 copies of fresh random inputs, odd sizes, non-contiguous view
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -560,6 +561,30 @@ def test_keepdim_without_dim_like_torch(name):
         else:
             got = getattr(torch_reduce, name)(x, keepdim=keepdim)
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "prod", "amax", "amin", "vector_norm", "var_mean"])
+@pytest.mark.parametrize("value", [0, 1, None, np.bool_(True)], ids=repr)
+def test_bool_arguments_are_bools_like_torch(name, value):
+    """keepdim (and var_mean's unbiased) must be a Python bool, as torch's argument parser has it: the op's schema
+    would read 0, 1, None or numpy's bool as a bool."""
+    x = torch.randn(3, 4)
+    theirs = {"vector_norm": torch.linalg.vector_norm}.get(name, getattr(torch, name, None))
+    calls = [((1,), {"keepdim": value}), ((1, value), {})]  # var_mean's second positional is unbiased
+    if name == "var_mean":
+        calls.append(((1,), {"unbiased": value}))
+    for args, kwargs in calls:
+        if name == "vector_norm":
+            args, kwargs = (), {"dim": 1, "keepdim": value}
+        with pytest.raises(TypeError):
+            theirs(x, *args, **kwargs)
+        with pytest.raises(TypeError):
+            getattr(torch_reduce, name)(x, *args, **kwargs)
+    if name == "var_mean":  # the (input, unbiased) form takes nothing else, keepdim=False included
+        with pytest.raises(TypeError):
+            torch.var_mean(x, True, keepdim=False)
+        with pytest.raises(TypeError, match="takes no other arguments"):
+            torch_reduce.var_mean(x, True, keepdim=False)
 
 
 def test_var_mean_has_no_out_like_torch():

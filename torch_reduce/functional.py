@@ -9,13 +9,13 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _entry_points
-from .reductions import _dims, _number
+from .reductions import _bool, _dims, _number
 
 _Dims = Union[int, Sequence[int], None]
 _NOT_GIVEN = object()
 
 
-def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool = False, *,
+def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool = _NOT_GIVEN, *,
              correction: Optional[Number] = _NOT_GIVEN) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.var_mean: (variance, mean) over ``dim`` (all dims when None), dividing by max(0, N - correction).
 
@@ -24,9 +24,12 @@ def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool =
     None (1) correction; ``unbiased`` and ``correction`` together are refused, as torch refuses them.
     """
     if isinstance(dim, bool):  # var_mean(x, False): torch's (input, unbiased) form
-        if unbiased is not _NOT_GIVEN or keepdim or correction is not _NOT_GIVEN:
+        if unbiased is not _NOT_GIVEN or keepdim is not _NOT_GIVEN or correction is not _NOT_GIVEN:
             raise TypeError("var_mean(): var_mean(input, unbiased) takes no other arguments")
         dim, unbiased = None, dim
+    keepdim = False if keepdim is _NOT_GIVEN else _bool("var_mean", keepdim)
+    if unbiased is not _NOT_GIVEN:
+        _bool("var_mean", unbiased, "unbiased")
     if unbiased is not _NOT_GIVEN and correction is not _NOT_GIVEN:
         raise TypeError("var_mean(): received an invalid combination of arguments: pass unbiased= or correction=, "
                         "not both")

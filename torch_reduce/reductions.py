@@ -95,6 +95,14 @@ def _dims(name: str, dim, argument: str = "dim"):
     return [operator.index(d) for d in dim]
 
 
+def _bool(name: str, value, argument: str = "keepdim") -> bool:
+    """A bool argument (keepdim, unbiased) as torch's argument parser takes it: a Python bool alone (0, 1, None and
+    numpy's bool raise its TypeError, where the op's schema would read them as bools)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}(): argument '{argument}' must be bool, not {type(value).__name__}")
+    return value
+
+
 # sum/mean/prod's defaults of dim (None) and keepdim (False), told from the same values given: torch.sum(x,
 # keepdim=True) raises where torch.sum(x, None, True) reduces every dim, since keepdim= (and sum's and prod's out=)
 # belong to the overload with dim. Plain objects, which torch.compile traces as constants.
@@ -113,14 +121,14 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
                 if out is not None and name != "mean":  # torch.mean's first overload takes out=, sum's and prod's not
                     raise TypeError(f"{name}(): out= needs dim (None: every dim), as torch.{name}'s does")
                 dim = None
-            dim, keepdim = _dims(name, dim), False if keepdim is _NO_KEEPDIM else keepdim
+            dim, keepdim = _dims(name, dim), False if keepdim is _NO_KEEPDIM else _bool(name, keepdim)
             if out is None:
                 return op(input, dim, keepdim, dtype=dtype)
             return _write_out(name, input, out, lambda d: op(input, dim, keepdim, dtype=d), dtype)
     elif row.signature == "Dims":
         def reduction(input: torch.Tensor, dim: Dims = (), keepdim: bool = False, *,
                       out: Optional[torch.Tensor] = None) -> torch.Tensor:
-            dim = _dims(name, dim)
+            dim, keepdim = _dims(name, dim), _bool(name, keepdim)
             dim = () if dim is None else dim  # torch.amax(x, dim=None) reduces every dim, as dim=()
             if out is None:
                 return op(input, dim, keepdim)
@@ -128,7 +136,7 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     else:
         def reduction(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool = False, *,
                       dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-            dim, ord = _dims(name, dim), _number(ord)
+            dim, ord, keepdim = _dims(name, dim), _number(ord), _bool(name, keepdim)
             if out is None:
                 return op(x, ord, dim, keepdim, dtype=dtype)
             return _write_out(name, x, out, lambda d: op(x, ord, dim, keepdim, dtype=d), dtype)
