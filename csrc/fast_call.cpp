@@ -6,7 +6,8 @@
 // Python wrapper 5.7 us), which made every small reduction slower than torch's. Anything else takes the Python
 // wrapper (torch_reduce/reductions.py, functional.py, grad_norm.py), unchanged: tensor subclasses and
 // __torch_function__ modes, dtype= and out=, unusual argument types, and every call that raised or warned (the
-// wrapper runs it again, so its errors and warnings are the op's own, word for word; clip_grad_norm_'s below).
+// wrapper runs it again, so its errors and warnings are the op's own, word for word; clip_grad_norm_'s below) but
+// for an error raised by Python code the op called, which is returned as it is (run_released).
 // torch.compile traces the wrapper in its place (torch.compiler.substitute_in_graph, _entry_points.py).
 //
 // Only Python's limited API is used, so _C stays abi3; two symbols come from libtorch_python, whose C++ ABI _C
@@ -378,7 +379,10 @@ bool fill_slots(const std::array<const char*, N>& names, size_t positional, PyOb
 }
 
 // result = run(), with the GIL released, as torch's bindings call ops; the warnings it gave, in `warnings`.
-// False where it raised (the error is dropped: the caller's fallback raises it again, or its own).
+// False where it raised. An error of the op's own is dropped: the caller's fallback raises it again, or its own.
+// An error raised by Python code the op called (a saved-tensor hook, a __torch_dispatch__ mode) is left set, and
+// the caller returns it as it is (raised_in_python): running the call again would run that code again, and
+// torch.utils.checkpoint's recomputation stops by such an error, which must reach it.
 template <typename Result, typename Run>
 bool run_released(Run run, Result& result, WarningSeen& warnings) {
   bool failed = false;
@@ -392,6 +396,8 @@ bool run_released(Run run, Result& result, WarningSeen& warnings) {
   PyEval_RestoreThread(released);
   return !failed;
 }
+
+bool raised_in_python() { return PyErr_Occurred() != nullptr; }
 
 template <typename Spec>
 PyObject* entry_point(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
@@ -413,7 +419,8 @@ PyObject* entry_point(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObje
   if (!Spec::parse(slots.data(), a)) return slow();
   decltype(Spec::run(a)) result;
   WarningSeen warnings;
-  if (!run_released([&] { return Spec::run(a); }, result, warnings) || warnings.seen) return slow();
+  if (!run_released([&] { return Spec::run(a); }, result, warnings)) return raised_in_python() ? nullptr : slow();
+  if (warnings.seen) return slow();
   return wrap(result);
 }
 
@@ -484,7 +491,11 @@ PyObject* clip_grad_norm_entry(PyObject*, PyObject* const* args, Py_ssize_t narg
     const at::NoGradGuard no_grad;  // the wrapper's torch.no_grad()
     return op.call(grads, max_norm, norm_type);
   }, total, warnings);
-  if (!ran) return slow();
+  if (!ran) {
+    if (!raised_in_python()) return slow();
+    Py_DECREF(list);
+    return nullptr;
+  }
   for (const std::string& message : warnings.messages) {
     if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) {
       Py_DECREF(list);

@@ -1,8 +1,8 @@
 """Every op of tests/op_specs.py against torch's: values, autograd (gradcheck, double backward, create_graph),
-forward-mode AD, torch.func, opcheck, torch.compile, autocast; odd sizes and layouts against a float64 reference
-(misaligned, empty, 0-size dims, scalars, views), bad inputs (the specs' error_inputs; device and meta mixes);
-on many-block inputs determinism, the current stream and CUDA graphs (GPU); > 2^31 elements (GPU); two GPUs
-(skipped with fewer); and the layer_norm rules for mixed-precision parameters.
+forward-mode AD, torch.func, activation checkpointing and saved-tensor hooks, opcheck, torch.compile, autocast; odd
+sizes and layouts against a float64 reference (misaligned, empty, 0-size dims, scalars, views), bad inputs (the
+specs' error_inputs; device and meta mixes); on many-block inputs determinism, the current stream and CUDA graphs
+(GPU); > 2^31 elements (GPU); two GPUs (skipped with fewer); and the layer_norm rules for mixed-precision parameters.
 
 Each test runs all of a spec's samples and lists every failing one (with its arguments) in one failure. What an
 op cannot do is in its spec (ours_only errors, meta=False where its fake kernel accepts a bad call,
@@ -19,6 +19,7 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.checkpoint import checkpoint
 
 import torch_reduce
 from conftest import DEVICES, requires_cuda
@@ -314,6 +315,62 @@ def test_torch_func(spec, transform, device):
     each_sample(spec, device, torch.float64, check)
 
 
+# ------------------------------------------------------------ activation checkpointing, saved tensors ----
+
+def backward_results(run, leaves, cotangents):
+    """[outputs..., the leaves' gradients...] of run(*leaves), by backward() (reentrant checkpointing refuses
+    autograd.grad)."""
+    leaves = [leaf.detach().requires_grad_() for leaf in leaves]
+    outs = flat_outputs(run(*leaves))
+    sum((o * c).sum() for o, c in zip(outs, cotangents)).backward()
+    return [o.detach() for o in outs] + [torch.zeros_like(leaf) if leaf.grad is None else leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_activation_checkpointing(spec, reentrant, device):
+    """torch.utils.checkpoint (gradient checkpointing, as transformers and FSDP use it) gives the plain call's
+    outputs and gradients. Its non-reentrant recomputation stops the op by an error raised in a saved-tensor hook,
+    which must reach it."""
+    def check(args, kwargs):
+        fn, leaves = as_function(spec.op, args, kwargs)
+        cotangents = [torch.randn_like(o) for o in flat_outputs(fn(*leaves))]
+        want = backward_results(fn, leaves, cotangents)
+        got = backward_results(lambda *ts: checkpoint(fn, *ts, use_reentrant=reentrant), leaves, cotangents)
+        assert_same(got, want, "checkpointed")
+
+    each_sample(spec, device, torch.float64, check)
+
+
+class PackRefused(Exception):
+    pass
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_saved_tensor_hook_error_reaches_the_caller(spec, device):
+    """A pack hook that raises: the call raises that very exception after one call of the hook (the op is not
+    run again); an op that saves no tensor never calls it."""
+    def check(args, kwargs):
+        fn, leaves = as_function(spec.op, args, kwargs)
+        calls = []
+
+        def pack(t):
+            calls.append(tuple(t.shape))
+            raise PackRefused("refused")
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            try:
+                fn(*leaves)
+            except PackRefused:
+                assert len(calls) == 1, f"the pack hook ran {len(calls)} times"
+            else:
+                assert not calls, f"the pack hook raised {len(calls)} times, the call returned"
+
+    each_sample(spec, device, torch.float64, check)
+
+
 # --------------------------------------------------------------------------------- opcheck, compile ----
 
 class RecordReduceOps(TorchFunctionMode):
@@ -413,6 +470,34 @@ def test_autocast(spec, input_dtype, device, autocast_dtype):
         assert_same(got, want, "autocast (outputs, gradients)", scales=scales, **TOL[autocast_dtype])
 
     each_sample(spec, device, dtype, check)
+
+
+@pytest.mark.parametrize("device,autocast_dtype", AUTOCAST)
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_compile_under_autocast(spec, device, autocast_dtype):
+    """torch.compile(fullgraph=True) of a function that runs the op under autocast (the autocast region traced
+    into the graph; aot_eager on CPU, inductor on CUDA): eager's output dtypes, and its values and gradients."""
+    backend = "aot_eager" if device == "cpu" else "inductor"
+
+    def check(args, kwargs):
+        torch._dynamo.reset()
+        fn, leaves = as_function(spec.op, args, kwargs)
+
+        def under_autocast(*tensors):
+            with torch.autocast(device, dtype=autocast_dtype):
+                return fn(*tensors)
+
+        compiled = torch.compile(under_autocast, fullgraph=True, backend=backend, dynamic=False)
+        results = []
+        for f in (compiled, under_autocast):
+            outs = flat_outputs(f(*leaves))
+            loss = sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs))
+            results.append(([o.dtype for o in outs], [outs, torch.autograd.grad(loss, leaves)]))
+        (got_dtypes, got), (want_dtypes, want) = results
+        assert got_dtypes == want_dtypes, f"output dtypes: compiled {got_dtypes}, eager {want_dtypes}"
+        assert_same(got, want, "compiled under autocast (outputs, gradients)", **TOL[autocast_dtype])
+
+    each_sample(spec, device, torch.float32, check, samples=spec.samples(device, torch.float32, True)[:1])
 
 
 @pytest.mark.parametrize("device,autocast_dtype", AUTOCAST)

@@ -4,6 +4,9 @@ torch.nn.RMSNorm, mixed-precision weights, convert_norms on every kind of norm a
 transformers models (Llama: RMSNorm; GPT-2: LayerNorm) converted, against the unconverted ones: logits, every
 parameter's gradient, and 20 AdamW steps, in float32 and under bf16 autocast."""
 import copy
+import os
+import subprocess
+import sys
 from contextlib import nullcontext
 from functools import partial
 
@@ -157,6 +160,43 @@ def test_convert_norms_converts_what_it_can_keep(device):
     assert type(model[3]).__mro__[1] is LlamaStyleRMSNorm
 
 
+class KeepsTorchForward(nn.LayerNorm):
+    """An nn.LayerNorm subclass that keeps torch's forward: converted to a subclass of it."""
+
+
+OUR_FORWARDS = (torch_reduce.nn.LayerNorm.forward, torch_reduce.nn.RMSNorm.forward,
+                torch_reduce.nn._transformers_rms_norm_forward)
+
+
+def test_converted_models_pickle(tmp_path):
+    """torch.save of a whole converted model (pickle finds a class by its module and name, which for a converted
+    subclass lead to its original class) loads as the same converted modules, in this process and in a new one
+    that has converted nothing."""
+    model = nn.Sequential(norms_model(), KeepsTorchForward(3))
+    torch_reduce.nn.convert_norms(model)
+    converted = [type(m) for m in model.modules() if type(m).forward in OUR_FORWARDS]
+    assert len(converted) == 4
+    x = torch.randn(4, 16)
+    want = model(x)
+    path = tmp_path / "model.pt"
+    torch.save((model, x, want), path)
+    loaded = torch.load(path, weights_only=False)[0]
+    assert [type(m) for m in loaded.modules()] == [type(m) for m in model.modules()]
+    torch.testing.assert_close(loaded(x), want, rtol=0, atol=0)
+    again = copy.deepcopy(loaded)
+    assert [type(m) for m in again.modules()] == [type(m) for m in model.modules()]
+    code = f"""
+import torch, torch_reduce
+from test_rms_norm import OUR_FORWARDS
+model, x, want = torch.load({str(path)!r}, weights_only=False)
+names = [type(m).__name__ for m in model.modules() if type(m).forward in OUR_FORWARDS]
+assert names == {[c.__name__ for c in converted]!r}, names
+torch.testing.assert_close(model(x), want, rtol=0, atol=0)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_convert_norms_leaves_the_random_stream_alone(device):
     """Probing a transformers-style norm draws from a generator of its own: a seeded run draws the same numbers after
@@ -290,3 +330,46 @@ def test_transformers_model_converted(name, device, mode):
     params = relative(flat(ours), flat(reference))
     assert params <= max(step_tol, 4 * control_params), (
         f"parameters after 20 AdamW steps: |ours - torch| / |torch| = {params:.2e} (control {control_params:.2e})")
+
+
+def tiny_bert(width):
+    """Post-LN: each layer ends in its LayerNorm, so a checkpointed layer's recomputation stops inside ours."""
+    from transformers import BertConfig, BertForMaskedLM
+    config = BertConfig(vocab_size=128, hidden_size=width, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=2 * width, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    return BertForMaskedLM(config)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("name", list(TRANSFORMERS) + ["bert"])
+def test_transformers_gradient_checkpointing(name, reentrant, device):
+    """A converted model with transformers' gradient checkpointing on (each layer, its norms among it, recomputed
+    in the backward): the loss and every gradient of the unconverted model without it."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    reference = {**TRANSFORMERS, "bert": tiny_bert}[name](64).to(device).train()
+    ours = torch_reduce.nn.convert_norms(copy.deepcopy(reference))
+    ours.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    norms = [m for m in ours.modules() if "Norm" in type(m).__name__]
+    runs = []
+    for m in norms:
+        m.register_forward_hook(lambda *_: runs.append(1))
+    idx = torch.randint(0, 128, (2, 32), device=device)
+    results = []
+    for model in (reference, ours):
+        loss = F.cross_entropy(model(idx).logits.flatten(0, 1)[:-1], idx.flatten()[1:])
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (loss_ref, g_ref), (loss_ours, g_ours) = results
+    assert len(runs) > len(norms), "no norm was recomputed: checkpointing is off"
+    assert_close_normwise(loss_ours, loss_ref, MODEL_TOL["float32"], "loss")
+    assert_close_normwise(torch.cat([g.flatten() for g in g_ours]), torch.cat([w.flatten() for w in g_ref]),
+                          MODEL_TOL["float32"], "all gradients")
+    # Each alone, but for gradients that are zero up to rounding (BERT's key bias: softmax ignores a shift common
+    # to every key), held to the whole gradient's size.
+    floor = 1e-7 * torch.cat([w.flatten() for w in g_ref]).norm().item()
+    for (n, _), g, w in zip(reference.named_parameters(), g_ours, g_ref):
+        err, scale = (g - w).double().norm().item(), w.double().norm().item()
+        assert err <= 1e-4 * scale + floor, f"gradient of {n}: |ours - torch| = {err:.2e}, |torch| = {scale:.2e}"

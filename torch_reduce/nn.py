@@ -37,13 +37,33 @@ def _transformers_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.T
 
 
 _CONVERTED_SUBCLASSES: dict[type, type] = {}
+# The forwards a converted subclass may have, by the name its pickles give them.
+_FORWARDS = {"layer_norm": LayerNorm.forward, "rms_norm": RMSNorm.forward,
+             "transformers_rms_norm": _transformers_rms_norm_forward}
+
+
+def _new_converted(cls: type, forward: str) -> torch.nn.Module:
+    """An empty instance of ``cls``'s converted subclass with that forward: what a pickle of a converted module is
+    loaded into (pickle then sets its state), in any process, since the subclass is made again if need be."""
+    converted = _subclass_with_forward(cls, _FORWARDS[forward])
+    return converted.__new__(converted)
+
+
+def _reduce_converted(self, protocol):
+    """Pickles (torch.save, deepcopy, multiprocessing) a module of a converted subclass as its original class
+    and forward's name: pickle finds a class by its module and name, which here lead to the original class."""
+    cls = type(self)
+    _, _, *rest = object.__reduce_ex__(self, protocol)  # (copyreg.__newobj__, (cls,), state, None, None)
+    return (_new_converted, (cls._converted_from, cls._converted_forward), *rest)
 
 
 def _subclass_with_forward(cls: type, forward) -> type:
     """A subclass of ``cls`` that differs in its forward alone (its methods, name and isinstance kept)."""
     if cls not in _CONVERTED_SUBCLASSES:
-        _CONVERTED_SUBCLASSES[cls] = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
-                                                                  "__qualname__": cls.__qualname__})
+        name = next(key for key, f in _FORWARDS.items() if f is forward)
+        _CONVERTED_SUBCLASSES[cls] = type(cls.__name__, (cls,), {
+            "forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+            "__reduce_ex__": _reduce_converted, "_converted_from": cls, "_converted_forward": name})
     return _CONVERTED_SUBCLASSES[cls]
 
 
