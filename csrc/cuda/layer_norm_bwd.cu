@@ -71,6 +71,13 @@
 //   multiply a row): 492 instructions a row in the shared-memory kernel's loop for 522 (bfloat16 LayerNorm, two
 //   vectors a thread), but 0.89-1.04x over 26 LayerNorm/RMSNorm cases (geomean 0.97; bfloat16 LayerNorm 16384x4096
 //   116.5 -> 130.9 us, RMSNorm 65536x1024 106.8 -> 115.3; float32 the same): fewer instructions, not less time.
+// - fewer blocks for the register kernel where the rows are few (each group taking 2, 4 or 8 rows at least, so fewer
+//   partial rows: at 1024 rows of 2560 the kernel's 528 blocks take about 2 rows each, and their partial rows
+//   are a third of the bytes), or the shared-memory sums wherever they fit: LayerNorm float32 1024x2560 16.4 ->
+//   15.6-15.8 us at best (too little for forward + backward at 1.3x torch there, which needs about 14.3), RMSNorm
+//   bfloat16 1024x1024 and 1024x1600 1.16x at 2 rows, but 0.68-0.85x at rows of 768 columns (1024 and 2048 rows,
+//   both dtypes) and 0.95-1.08x at 2048 rows of 1024 columns or more (logs/ab_bwd_min_rows.jsonl): no one rule
+//   gained.
 // Nsight Compute, bfloat16 16384x4096, sums in registers: 121 registers, 4 warps per scheduler (1.2 eligible),
 // an instruction issued in 57% of cycles, DRAM 50% busy, the top stall (30%) a wait on L1TEX. Sums in shared
 // memory (the kernel chosen there): 64 registers, 6.7 warps per scheduler (2.3 eligible), an instruction issued in
