@@ -78,6 +78,11 @@
 //   bfloat16 1024x1024 and 1024x1600 1.16x at 2 rows, but 0.68-0.85x at rows of 768 columns (1024 and 2048 rows,
 //   both dtypes) and 0.95-1.08x at 2048 rows of 1024 columns or more (logs/ab_bwd_min_rows.jsonl): no one rule
 //   gained.
+// - the register kernel's blocks in clusters of 2 or 4 that add up their column sums through distributed shared
+//   memory at the end (one partial row a cluster, as the shared-memory kernel's): at few rows the partial rows are
+//   not what costs; LayerNorm and RMSNorm, 22 shapes each, two runs: clusters of 2 0.80-1.03x (geomean 0.965),
+//   of 4 0.75-1.06x (0.958; float32 LayerNorm 1024x768 7.0 -> 9.3 us, 1024x2560 15.7 -> 17.4; gains only at 2048-8192
+//   rows of float32 2560-5120, 1.05-1.06x); logs/ab_bwd_register_clusters.jsonl.
 // Nsight Compute, bfloat16 16384x4096, sums in registers: 121 registers, 4 warps per scheduler (1.2 eligible),
 // an instruction issued in 57% of cycles, DRAM 50% busy, the top stall (30%) a wait on L1TEX. Sums in shared
 // memory (the kernel chosen there): 64 registers, 6.7 warps per scheduler (2.3 eligible), an instruction issued in
