@@ -20,9 +20,30 @@ double correction_value(const std::optional<at::Scalar>& correction) {
 }
 
 void check_var_mean_dtype(const at::Tensor& input, const char* op) {
-  TORCH_CHECK(is_float_type(input.scalar_type()), op,
-              ": std and var only support floating point dtypes (float32, float64, float16, bfloat16), got ",
-              input.scalar_type());
+  const at::ScalarType type = input.scalar_type();
+  TORCH_CHECK(is_float_type(type) || type == at::kComplexFloat || type == at::kComplexDouble, op,
+              ": var_mean only support floating point and complex dtypes (float32, float64, float16, bfloat16, "
+              "complex64, complex128), got ", type);
+}
+
+std::tuple<at::Tensor, at::Tensor> complex_var_mean(const at::Tensor& input, at::OptionalIntArrayRef dim,
+                                                    const std::optional<at::Scalar>& correction, bool keepdim,
+                                                    VarMeanKernel real_var_mean, const char* op) {
+  check_var_mean_dtype(input, op);
+  // A 0-dim input is one element: given a dim of 1 to reduce, so that no call reads the pairs' dim as its own.
+  const at::Tensor x = input.dim() == 0 ? input.reshape({1}) : input;
+  std::vector<int64_t> dims;
+  if (!dim.has_value() || dim->empty()) {
+    for (int64_t d = 0; d < x.dim(); ++d) dims.push_back(d);
+  } else {
+    for (int64_t d : *dim) dims.push_back(at::maybe_wrap_dim(d, input.dim()));  // repeats raise in the call below
+  }
+  auto [var, mean] = real_var_mean(at::view_as_real(x.resolve_conj()), dims, correction, keepdim);
+  // |x - mean|^2 = (re - mean(re))^2 + (im - mean(im))^2, over the same divisor.
+  var = var.select(-1, 0) + var.select(-1, 1);
+  mean = at::view_as_complex(mean);
+  if (input.dim() == 0) return {var.reshape({}), mean.reshape({})};
+  return {var, mean};
 }
 
 VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef dim,

@@ -261,6 +261,8 @@ def check_errors(ctx):
         reduce_dist.var_mean(x, (0, 2))
     with pytest.raises(RuntimeError, match="floating point"):
         reduce_dist.var_mean(x.int(), 0)
+    with pytest.raises(NotImplementedError, match="does not take complex inputs"):  # the fold is for real moments
+        reduce_dist.var_mean(x.to(torch.complex64), 0)
 
 
 # -------------------------------------------------------------------------------------------- DTensor ----
@@ -497,6 +499,8 @@ def check_dtensor_unsupported(ctx):
             call()
     with pytest.raises(NotImplementedError, match="torch.Tensor beside DTensor"):
         torch_reduce.layer_norm(rows, (6,), weight)
+    with pytest.raises(NotImplementedError, match="does not take complex inputs"):  # over the sharded dim
+        torch_reduce.var_mean(distribute_tensor(full.to(torch.complex64), ctx.mesh, [Shard(0)]), 0)
     with pytest.raises(RuntimeError, match="does not match"):  # the kernel's own checks, on the global shape
         torch_reduce.layer_norm(rows, (4,))
 

@@ -157,7 +157,7 @@ def var_mean_derivatives(fn, x, dim, correction, keepdim, outputs):
     x = x.detach().clone().requires_grad_()
     results = dict(zip(("var", "mean"), fn(x, dim, correction=correction, keepdim=keepdim)))
     gen = torch.Generator().manual_seed(1)
-    cotangents = [torch.randn(results[o].shape, generator=gen, dtype=x.dtype).to(x.device).requires_grad_()
+    cotangents = [torch.randn(results[o].shape, generator=gen, dtype=results[o].dtype).to(x.device).requires_grad_()
                   for o in outputs]
     (first,) = torch.autograd.grad([results[o] for o in outputs], x, cotangents, create_graph=True)
     direction = torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
@@ -187,3 +187,73 @@ def test_derivatives_as_torch(device, dim, keepdim, correction):
             for g, w, what in zip(got, want, ("d/dx", "d2/dx2", "d2/dx d(cotangent)", "d2/dx d(cotangent 2)")):
                 torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, equal_nan=True,
                                            msg=lambda m: f"{outputs} {what}: {m}")
+
+
+# Complex inputs, as torch.var_mean takes them: the variance (real) is E|x - mean|^2, the mean complex.
+COMPLEX_TOL = {torch.complex64: dict(rtol=1e-5, atol=1e-5), torch.complex128: dict(rtol=1e-12, atol=1e-12)}
+COMPLEX_CALLS = [((37, 33), -1, False), ((37, 33), 0, True), ((4, 5, 6), (0, 2), False), ((4, 5, 6), (-1, 1), True),
+                 ((4, 5, 6), None, True), ((1001,), None, False), ((), None, False), ((), 0, True), ((), -1, False),
+                 ((3, 0), 1, False), ((0, 3), None, False), ((5, 1), -1, False)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(COMPLEX_TOL), ids=str)
+@pytest.mark.parametrize("shape,dim,keepdim", COMPLEX_CALLS, ids=str)
+@pytest.mark.parametrize("correction", [0, 1, 2.5], ids=str)
+def test_complex(shape, dim, keepdim, correction, dtype, device):
+    x = torch.randn(shape, dtype=dtype, device=device) + (1 - 2j)  # a mean away from 0
+    var, mean = torch_reduce.var_mean(x, dim, correction=correction, keepdim=keepdim)
+    ref_var, ref_mean = torch.var_mean(x.to(torch.complex128), dim, correction=correction, keepdim=keepdim)
+    assert var.dtype == x.real.dtype and mean.dtype == dtype and var.device == mean.device == x.device
+    assert var.shape == mean.shape == ref_var.shape
+    torch.testing.assert_close(var, ref_var.to(var.dtype), equal_nan=True, **COMPLEX_TOL[dtype])
+    torch.testing.assert_close(mean, ref_mean.to(dtype), equal_nan=True, **COMPLEX_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_complex_views(device):
+    x = torch.randn(6, 9, dtype=torch.complex64, device=device)
+    for view in (x.T, x.conj(), x.T.conj(), x[:, ::2], x[1:, 1:], x[:1].expand(4, 9)):
+        for dim in (0, 1, None):
+            got, want = torch_reduce.var_mean(view, dim), torch.var_mean(view, dim)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, **COMPLEX_TOL[torch.complex64])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_complex_errors(device):
+    x = torch.randn(3, 4, dtype=torch.complex64, device=device)
+    with pytest.raises(RuntimeError, match="appears multiple times"):
+        torch_reduce.var_mean(x, (1, -1))
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        torch_reduce.var_mean(x, 2)
+    unsupported = "var_mean only support floating point and complex dtypes .* got ComplexHalf"
+    for where in (device, "meta"):  # the fake kernel as the real one
+        with pytest.raises(RuntimeError, match=unsupported):
+            torch_reduce.var_mean(torch.zeros(3, 4, dtype=torch.complex32, device=where), 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (-1, False), ((0, 2), True)], ids=str)
+@pytest.mark.parametrize("correction", [0, 1, 2.5], ids=str)
+def test_complex_autograd(device, dim, keepdim, correction):
+    """Backward and double backward (gradcheck's complex derivatives), forward mode, and every derivative against
+    torch's at random complex cotangents; the op's contract (opcheck) and torch.compile on a complex input."""
+    x = torch.randn(3, 4, 5, dtype=torch.complex128, device=device, requires_grad=True)
+    f = lambda t: torch_reduce.var_mean(t, dim, correction=correction, keepdim=keepdim)  # noqa: E731
+    torch.autograd.gradcheck(f, (x,))
+    torch.autograd.gradgradcheck(f, (x,))
+    torch.autograd.gradcheck(f, (x,), check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False,
+                             check_batched_grad=False)
+    for outputs in (("var", "mean"), ("var",), ("mean",)):
+        got = var_mean_derivatives(torch_reduce.var_mean, x, dim, correction, keepdim, outputs)
+        want = var_mean_derivatives(torch.var_mean, x, dim, correction, keepdim, outputs)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    dims = None if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    torch.library.opcheck(torch.ops.reduce.var_mean.default, (x, dims), {"correction": correction, "keepdim": keepdim})
+    torch.compiler.reset()  # one lambda's code for every case: past dynamo's recompile limit otherwise
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for g, w in zip(compiled(x.detach()), torch.var_mean(x.detach(), dim, correction=correction, keepdim=keepdim)):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)

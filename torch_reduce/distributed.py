@@ -102,7 +102,11 @@ def _all_gather(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Te
 
 def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(count, mean, M2) of ``input`` over ``dims`` (kept as size 1) from our var_mean kernel: count a 1-element
-    int64 tensor, mean and M2 = var * count in float32 for 16-bit inputs, else the input's dtype."""
+    int64 tensor, mean and M2 = var * count in float32 for 16-bit inputs, else the input's dtype. Complex inputs
+    raise: the fold of the ranks' moments is written for real ones."""
+    if input.is_complex():
+        raise NotImplementedError(f"torch_reduce's var_mean across ranks does not take complex inputs ({input.dtype}); "
+                                  "torch_reduce.var_mean takes them on one device")
     source = input.float() if input.dtype in _HALF_FLOATS else input
     var, mean = functional.var_mean(source, dims, correction=0, keepdim=True)
     count = math.prod(input.shape[d] for d in dims)

@@ -219,12 +219,12 @@ _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)  # var_m
 def _var_mean_fake(input, dim=None, *, correction=None, keepdim=False):
     # var_mean_problem's checks (csrc/layernorm.cpp), in its order and words; then torch.var_mean's own meta
     # function gives the shape; ours are contiguous.
-    if input.dtype not in _FLOATS:
-        raise RuntimeError("reduce::var_mean: std and var only support floating point dtypes (float32, float64, "
-                           f"float16, bfloat16), got {_c10_name(input.dtype)}")
+    if input.dtype not in _FLOATS + _COMPLEX:
+        raise RuntimeError("reduce::var_mean: var_mean only support floating point and complex dtypes (float32, "
+                           f"float64, float16, bfloat16, complex64, complex128), got {_c10_name(input.dtype)}")
     _reduced_dims("var_mean", input, dim)  # at::dim_list_to_bitset's words, not torch's meta function's
     var, _ = torch.var_mean(input, dim=dim or None, correction=correction, keepdim=keepdim)
-    return input.new_empty(var.shape), input.new_empty(var.shape)
+    return input.new_empty(var.shape, dtype=var.dtype), input.new_empty(var.shape)  # a complex input's var is real
 
 
 # ----------------------------------------------------------------------------------------------- LayerNorm ----

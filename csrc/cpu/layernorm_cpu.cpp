@@ -88,6 +88,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& input, at::Opt
                                                 const std::optional<at::Scalar>& correction, bool keepdim) {
   const char* op = "reduce::var_mean";
   TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ", input.device());
+  if (input.is_complex()) return complex_var_mean(input, dim, correction, keepdim, &var_mean_cpu, op);
   VarMeanProblem p = var_mean_problem(input, dim, correction, keepdim, op);
   const int64_t rows = p.rows.size(0), inner = p.inner;
   TORCH_REDUCE_DISPATCH_FLOATING(input.scalar_type(), "reduce::var_mean", [&] {

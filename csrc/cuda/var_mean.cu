@@ -74,6 +74,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_cuda(const at::Tensor& input, at::Op
                                                  const std::optional<at::Scalar>& correction, bool keepdim) {
   const char* op = "reduce::var_mean";
   TORCH_CHECK(input.is_cuda(), op, ": expected every tensor on one CUDA device, got the input on ", input.device());
+  if (input.is_complex()) return complex_var_mean(input, dim, correction, keepdim, &var_mean_cuda, op);
   const c10::cuda::CUDAGuard guard(input.device());
   check_kernel_image_for_current_device();
   VarMeanProblem p = var_mean_problem(input, dim, correction, keepdim, op);
