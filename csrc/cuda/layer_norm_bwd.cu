@@ -82,7 +82,11 @@
 //   memory at the end (one partial row a cluster, as the shared-memory kernel's): at few rows the partial rows are
 //   not what costs; LayerNorm and RMSNorm, 22 shapes each, two runs: clusters of 2 0.80-1.03x (geomean 0.965),
 //   of 4 0.75-1.06x (0.958; float32 LayerNorm 1024x768 7.0 -> 9.3 us, 1024x2560 15.7 -> 17.4; gains only at 2048-8192
-//   rows of float32 2560-5120, 1.05-1.06x); logs/ab_bwd_register_clusters.jsonl.
+//   rows of float32 2560-5120, 1.05-1.06x); logs/ab_bwd_register_clusters.jsonl. Nsight Compute (caches flushed
+//   between kernels), float32 LayerNorm 1024x2560: the row kernel 12.6-13.4 us with 22% of the SM's warps active (4
+//   blocks of 128 an SM, 2 rows each, one after the other), the fold 6.0-6.2 us reading the 528 partial rows from
+//   DRAM; in graph replay they are still in L2 and the two take 16 us (logs/ncu_bwd_few_rows.csv). What holds
+//   these shapes is the row kernel's few rows in progress, not the fold.
 // Nsight Compute, bfloat16 16384x4096, sums in registers: 121 registers, 4 warps per scheduler (1.2 eligible),
 // an instruction issued in 57% of cycles, DRAM 50% busy, the top stall (30%) a wait on L1TEX. Sums in shared
 // memory (the kernel chosen there): 64 registers, 6.7 warps per scheduler (2.3 eligible), an instruction issued in
