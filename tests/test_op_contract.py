@@ -10,6 +10,7 @@ compile_samples, deterministic), not a skip in a test (torch's own bugs under SE
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -915,6 +916,30 @@ def test_cuda_current_stream(spec):
             got = outputs_and_grads(spec.op, staged_args, staged_kwargs, cotangents)
         side.synchronize()
         assert_same_bits(got, want, what)
+
+
+@requires_cuda
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_cuda_no_host_sync(spec):
+    """Forward and backward never make the host wait for the GPU (set_sync_debug_mode("error") raises on a call
+    that does: .item(), a tensor's truth value, a copy to the host), so a training step keeps the GPU's queue full.
+    The CUDA-graph test below captures the forward alone."""
+    calls = []
+    for args, kwargs in spec.samples("cuda", torch.float32) + list(spec.multi_block_inputs("cuda")):
+        cotangents = cotangents_for(spec.op, args, kwargs)
+        calls.append((describe(args, kwargs), functools.partial(outputs_and_grads, spec.op, args, kwargs, cotangents)))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):  # the mode's own check
+            torch.ones(1, device="cuda").item()
+        for what, call in calls:
+            try:
+                call()
+            except RuntimeError as error:
+                raise AssertionError(f"{spec.name}({what}) makes the host wait for the GPU: {error}") from error
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 @requires_cuda
