@@ -22,9 +22,10 @@ const char* reduction_name(Reduction r) {
   return "?";
 }
 
-// Complex numbers sum and average (two real reductions: reduce_dims); torch has no max or min of them, and
-// it multiplies them and takes their norms, which the kernels here do not. uint16/32/64 take every row
-// whose result may be an integer (torch's CUDA kernels take them for amax/amin, its CPU ones do not).
+// Complex numbers sum and average (two real reductions: reduce_dims) and have norms (the norm of their
+// magnitudes); torch has no max or min of them, and it multiplies them, which the kernels here do not.
+// uint16/32/64 take every row whose result may be an integer (torch's CUDA kernels take them for amax/amin, its
+// CPU ones do not).
 void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
   const char* name = reduction_name(r);
   switch (type) {
@@ -35,14 +36,13 @@ void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
     case at::kComplexFloat: case at::kComplexDouble:
       TORCH_CHECK_NOT_IMPLEMENTED(r != Reduction::Amax && r != Reduction::Amin, "\"", name,
                                   "\" not implemented for '", type, "'");
-      TORCH_CHECK_NOT_IMPLEMENTED(r == Reduction::Sum || r == Reduction::Mean, "torch_reduce.", name,
-                                  " does not take complex inputs (", type, "); torch.",
-                                  r == Reduction::Prod ? "prod" : "linalg.vector_norm", " does");
+      TORCH_CHECK_NOT_IMPLEMENTED(r != Reduction::Prod, "torch_reduce.", name, " does not take complex inputs (",
+                                  type, "); torch.prod does");
       return;
     default:
       TORCH_CHECK(false, name, ": unsupported dtype ", type,
-                  "; expected float32, float64, float16, bfloat16, an integer type, bool, or (sum, mean) complex64 or "
-                  "complex128");
+                  "; expected float32, float64, float16, bfloat16, an integer type, bool, or (sum, mean, vector_norm) "
+                  "complex64 or complex128");
   }
 }
 
@@ -50,11 +50,14 @@ namespace {
 
 // vector_norm's input and dtype= rules, in torch's words.
 void check_vector_norm_dtypes(at::ScalarType input, std::optional<at::ScalarType> dtype) {
-  TORCH_CHECK(at::isFloatingType(input),
+  const bool complex = at::isComplexType(input);
+  TORCH_CHECK(at::isFloatingType(input) || complex,
               "linalg.vector_norm: Expected a floating point or complex tensor as input. Got ", input);
   if (!dtype) return;
-  TORCH_CHECK(at::isFloatingType(*dtype), "linalg.vector_norm: dtype should be floating point or complex, but got ",
-              *dtype);
+  TORCH_CHECK(at::isFloatingType(*dtype) || at::isComplexType(*dtype),
+              "linalg.vector_norm: dtype should be floating point or complex, but got ", *dtype);
+  TORCH_CHECK(at::isComplexType(*dtype) == complex, "linalg.vector_norm: dtype should be",
+              complex ? " complex" : " real", " for ", complex ? "complex" : "real", " inputs, but got ", *dtype);
   TORCH_CHECK(at::promote_types(input, *dtype) == *dtype, "linalg.vector_norm: the dtype of the input (", input,
               ") should be convertible without narrowing to the specified dtype (", *dtype, ")");
 }
@@ -76,7 +79,9 @@ at::ScalarType result_type(Reduction r, at::ScalarType input, std::optional<at::
                   t);
       return t;
     }
-    case Reduction::VectorNorm: check_vector_norm_dtypes(input, dtype); return dtype.value_or(input);
+    case Reduction::VectorNorm:
+      check_vector_norm_dtypes(input, dtype);
+      return c10::toRealValueType(dtype.value_or(input));
     default: return input;
   }
 }
@@ -223,6 +228,12 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
   check_dim_reduction_dtype(r, self.scalar_type());
   const std::optional<at::ScalarType> dtype = call.dtype;
   const at::ScalarType out_type = result_type(r, self.scalar_type(), dtype);
+  if (r == Reduction::VectorNorm && at::isComplexType(self.scalar_type())) {
+    // The norm of the magnitudes, |x| in the real type of dtype= (complex) when given, as torch's.
+    ReduceCall real_call = call;
+    real_call.dtype = std::nullopt;
+    return reduce_dims(r, at::abs(dtype ? self.to(*dtype) : self), real_call, launch);
+  }
   // dtype= casts the input first (as torch does), so the sum runs in the accumulate type of that dtype.
   // Without it the kernels read the input as it is: an integer sum accumulates in int64 anyway.
   const at::ScalarType input_type = dtype.value_or(self.scalar_type());

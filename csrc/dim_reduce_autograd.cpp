@@ -7,7 +7,7 @@
 //                products (no division: exact with zeros in the slice, and no data-dependent branch, so the
 //                backward traces under torch.compile);
 //   vector_norm: torch's formulas by order (0, 1, 2, inf/-inf shared among ties, below 1, any other p), with
-//                a zero subgradient where the norm (or, below 1, the element) is 0.
+//                a zero subgradient where the norm (or, below 1, the element) is 0; complex inputs through sgn.
 // All are written in differentiable ops, so double backward works; transforms and forward-mode AD take
 // the composite path (torch's own ops).
 #include <ATen/OpMathType.h>
@@ -112,7 +112,9 @@ struct ReduceBackward : public torch::autograd::Node {
     } else {
       const at::Tensor input = self.unpack();
       const at::Tensor reduced = restore_reduced_dims(result.unpack(getptr()), dims, keepdim);
-      const at::Tensor x = input.to(reduced.scalar_type());  // dtype= casts the input first
+      // dtype= casts the input first; a complex input's norm is real, its cast the complex type of that.
+      const at::ScalarType reduced_type = reduced.scalar_type();
+      const at::Tensor x = input.to(input.is_complex() ? c10::toComplexType(reduced_type) : reduced_type);
       at::Tensor grad;
       if constexpr (R == Reduction::Amax || R == Reduction::Amin) {
         const at::Tensor ties = x == reduced;

@@ -1,6 +1,7 @@
 """torch's dtype and layout coverage for the drop-ins: signed zeros in amax/amin, amax/amin(dim=None),
 uint16/uint32/uint64 and complex inputs, sparse layouts, out=. References are torch's results on float64 /
 complex128 / int64 copies of fresh random inputs, odd sizes, non-contiguous views; every device."""
+import math
 import re
 import warnings
 
@@ -327,10 +328,66 @@ def test_complex_errors(dtype, device):
         for t in (x, x.to("meta")):
             with pytest.raises(NotImplementedError, match=f"\"{name}\" not implemented for 'Complex"):
                 ours(name)(t, 1)
-    for name, theirs in (("prod", "torch.prod does"), ("vector_norm", "torch.linalg.vector_norm does")):
-        for t in (x, x.to("meta")):
-            with pytest.raises(NotImplementedError, match=f"torch_reduce.{name} does not take complex.*{theirs}"):
-                ours(name)(t)
+    for t in (x, x.to("meta")):
+        with pytest.raises(NotImplementedError, match="torch_reduce.prod does not take complex.*torch.prod does"):
+            ours("prod")(t)
+    # vector_norm's dtype= rules, in torch's words: complex for a complex input, real for a real one.
+    for t, dtype in ((x, torch.float64), (x.real, torch.complex128)):
+        with pytest.raises(RuntimeError) as theirs:
+            torch.linalg.vector_norm(t.cpu(), dtype=dtype)
+        for where in (t, t.to("meta")):
+            with pytest.raises(RuntimeError, match=re.escape(str(theirs.value))):
+                ours("vector_norm")(where, dtype=dtype)
+
+
+# A complex vector norm is the norm of the magnitudes: a real result, torch's gradients (through sgn).
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", COMPLEX)
+@pytest.mark.parametrize("ord", [2, 1, 0, math.inf, -math.inf, 3, 0.5, -1.5], ids=str)
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")  # torch's own order-0 norm of complex numbers
+def test_complex_vector_norm(ord, dtype, device):
+    real = torch.float64 if dtype == torch.complex128 else torch.float32
+    # The root of order p multiplies the sum's relative rounding by 1/|p| (p = 0.5: twice).
+    root = 1 if ord in (0, math.inf, -math.inf) else max(1, 1 / abs(ord))
+    rtol = (1e-12 if dtype == torch.complex128 else 1e-5) * root
+    for shape, dim in PATHS:
+        x = torch.randn(shape, dtype=dtype, device=device)
+        views = [x, x.conj()] + ([x.t(), x[:, 1::2]] if x.dim() == 2 else [])
+        for view in views:
+            for keepdim in (False, True):
+                got = torch_reduce.vector_norm(view, ord, dim, keepdim)
+                want = torch.linalg.vector_norm(view.cpu().to(torch.complex128), ord, dim, keepdim)
+                assert got.dtype == real and got.shape == want.shape, (got.dtype, got.shape, want.shape)
+                torch.testing.assert_close(got.cpu().double(), want, rtol=rtol, atol=0)
+    x = torch.randn(7, 9, dtype=torch.complex64, device=device)
+    got = torch_reduce.vector_norm(x, ord, 1, dtype=torch.complex128)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got.cpu(), torch.linalg.vector_norm(x.cpu().to(torch.complex128), ord, 1),
+                               rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [2, 1, math.inf, 3, 0.5], ids=str)
+def test_complex_vector_norm_autograd(ord, device):
+    """Backward, double backward and forward mode (gradcheck's complex derivatives), the gradient against torch's
+    (zeros included: a zero subgradient there), opcheck and compile."""
+    x = torch.randn(4, 5, 3, dtype=torch.complex128, device=device, requires_grad=True)
+    for dim in (None, 1, (0, 2)):
+        f = lambda t: torch_reduce.vector_norm(t, ord, dim)  # noqa: E731
+        torch.autograd.gradcheck(f, (x,), check_forward_ad=True)
+        torch.autograd.gradgradcheck(f, (x,))
+    z = x.detach().clone()
+    z[0, 0] = 0  # an element at 0
+    z[1] = 0  # a norm of 0 (dim 1, 2)
+    for dim in (None, 1, (1, 2)):
+        a, b = (z.clone().requires_grad_() for _ in range(2))
+        g, = torch.autograd.grad(torch_reduce.vector_norm(a, ord, dim).sum(), a)
+        want, = torch.autograd.grad(torch.linalg.vector_norm(b, ord, dim).sum(), b)
+        torch.testing.assert_close(g, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    torch.library.opcheck(torch.ops.reduce.vector_norm.default, (x, ord, [1]), {})
+    torch.compiler.reset()  # one lambda's code for every order: past dynamo's recompile limit otherwise
+    compiled = torch.compile(lambda t: torch_reduce.vector_norm(t, ord, 1), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x.detach()), torch.linalg.vector_norm(x.detach(), ord, 1), rtol=1e-12, atol=0)
 
 
 def test_opcheck_new_dtypes():

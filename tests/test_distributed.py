@@ -370,6 +370,25 @@ def check_dtensor_replicate(ctx, name):
             assert torch.equal(_bits(out), _bits(local))
 
 
+@case("DTensor vector_norm: complex, over the sharded dim")
+def check_dtensor_complex_vector_norm(ctx):
+    """The norm of the magnitudes, folded over the ranks as a real one (uneven and empty shards included)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    for rows in (7, 1):
+        parts = (ctx.shared_randn(rows, 6, dtype=torch.float64) for _ in range(2))
+        full = torch.complex(*parts).to(torch.complex64)
+        x = distribute_tensor(full, ctx.mesh, [Shard(0)])
+        for order in NORM_ORDS.values():
+            for dim in (0, None):
+                out = torch_reduce.vector_norm(x, order, dim)
+                with warnings.catch_warnings():  # torch's own order-0 norm of complex numbers warns
+                    warnings.simplefilter("ignore")
+                    ref = torch.linalg.vector_norm(full.to(torch.complex128), order, dim)
+                assert out.dtype == torch.float32 and out.shape == ref.shape
+                assert_close(out.full_tensor(), ref, torch.float32, scale=ref.abs().max().item(),
+                             what=f"rows={rows}, ord={order}, dim={dim}")
+
+
 for _name in REDUCTIONS:
     CASES[f"DTensor {_name}: rows sharded"] = functools.partial(check_dtensor_rows_sharded, name=_name)
     for _dtype in (torch.float32, torch.bfloat16):

@@ -95,7 +95,8 @@ def _vector_norm_rule(cls, func, types, args, kwargs):
     if local_empty:  # nothing to add, also where a negative p would make 0 ** p infinite
         powered = torch.zeros(_reduced_shape(local_x.shape, dims, True), dtype=torch.float64, device=local_x.device)
     else:
-        powered = torch.ops.reduce.vector_norm(local_x, order, dims, True, dtype=torch.float64) ** order
+        wide = torch.complex128 if local_x.is_complex() else torch.float64  # dtype= keeps the input's kind
+        powered = torch.ops.reduce.vector_norm(local_x, order, dims, True, dtype=wide) ** order
     for mesh_dim, p in enumerate(x.placements):  # mesh dim by mesh dim, each group in rank order
         if type(p) is Shard and p.dim % x.ndim in dims:
             parts = distributed._all_gather(powered.contiguous(), x.device_mesh.get_group(mesh_dim))

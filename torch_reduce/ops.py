@@ -53,7 +53,7 @@ _C10_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", tor
 _WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)  # sums and products to int64, as the others
 _REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
          torch.int32, torch.int64, torch.bool) + _WIDE_UNSIGNED
-_COMPLEX = (torch.complex64, torch.complex128)  # sum and mean
+_COMPLEX = (torch.complex64, torch.complex128)  # sum, mean, vector_norm and var_mean
 
 
 def _c10_name(dtype: torch.dtype) -> str:
@@ -68,13 +68,12 @@ def _check_dtype(name: str, dtype: torch.dtype) -> None:
     if dtype in _COMPLEX:
         if name in ("amax", "amin"):
             raise NotImplementedError(f"\"{name}\" not implemented for '{_c10_name(dtype)}'")
-        if name not in ("sum", "mean"):
-            theirs = "prod" if name == "prod" else "linalg.vector_norm"
-            raise NotImplementedError(f"torch_reduce.{name} does not take complex inputs ({_c10_name(dtype)}); "
-                                      f"torch.{theirs} does")
+        if name == "prod":
+            raise NotImplementedError(f"torch_reduce.prod does not take complex inputs ({_c10_name(dtype)}); "
+                                      "torch.prod does")
         return
     raise RuntimeError(f"{name}: unsupported dtype {_c10_name(dtype)}; expected float32, float64, float16, bfloat16, "
-                       "an integer type, bool, or (sum, mean) complex64 or complex128")
+                       "an integer type, bool, or (sum, mean, vector_norm) complex64 or complex128")
 
 
 _LAYOUT_NAMES = {torch.sparse_coo: "torch.sparse_coo", torch.sparse_csr: "torch.sparse_csr",
@@ -141,16 +140,21 @@ def _result_dtype(name: str, t: torch.Tensor, dtype) -> torch.dtype:
                                f"or complex dtype. Got: {_c10_name(out)}")
         return out
     if name == "vector_norm":
-        if not t.dtype.is_floating_point:
+        complex_input = t.dtype.is_complex
+        if not (t.dtype.is_floating_point or complex_input):
             raise RuntimeError("linalg.vector_norm: Expected a floating point or complex tensor as input. "
                                f"Got {_C10_NAMES.get(t.dtype, t.dtype)}")
-        if dtype is not None and not dtype.is_floating_point:
+        if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
             raise RuntimeError("linalg.vector_norm: dtype should be floating point or complex, but got "
                                f"{_C10_NAMES.get(dtype, dtype)}")
+        if dtype is not None and dtype.is_complex != complex_input:
+            kind = "complex" if complex_input else "real"
+            raise RuntimeError(f"linalg.vector_norm: dtype should be {kind} for {kind} inputs, but got "
+                               f"{_c10_name(dtype)}")
         if dtype is not None and torch.promote_types(t.dtype, dtype) != dtype:
-            raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({_C10_NAMES[t.dtype]}) should be "
-                               f"convertible without narrowing to the specified dtype ({_C10_NAMES[dtype]})")
-        return dtype or t.dtype
+            raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({_c10_name(t.dtype)}) should be "
+                               f"convertible without narrowing to the specified dtype ({_c10_name(dtype)})")
+        return (dtype or t.dtype).to_real()  # a complex input's norm is real
     return t.dtype
 
 
