@@ -364,6 +364,18 @@ def test_complex_vector_norm(ord, dtype, device):
     assert got.dtype == torch.float64
     torch.testing.assert_close(got.cpu(), torch.linalg.vector_norm(x.cpu().to(torch.complex128), ord, 1),
                                rtol=1e-12, atol=0)
+    # out= takes the result's real dtype (dtype='s, made real), as torch's; any other raises torch's error.
+    for dtype, out_dtype in ((None, torch.float32), (torch.complex128, torch.float64), (None, torch.complex64),
+                             (None, torch.float64), (torch.complex128, torch.complex128)):
+        outs = [torch.empty(7, dtype=out_dtype, device=device) for _ in range(2)]
+        try:
+            torch.linalg.vector_norm(x, ord, 1, dtype=dtype, out=outs[0])
+        except RuntimeError as theirs:
+            with pytest.raises(RuntimeError, match=re.escape(str(theirs).splitlines()[0])):
+                torch_reduce.vector_norm(x, ord, 1, dtype=dtype, out=outs[1])
+            continue
+        torch_reduce.vector_norm(x, ord, 1, dtype=dtype, out=outs[1])
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5 * root, atol=0)  # x is complex64 here
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -50,14 +50,15 @@ def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Calla
         result = compute(None)
     else:
         own = _result_dtype(name, input, dtype)  # the op's dtype errors first, as torch's
-        if dtype is not None and out.dtype != dtype:
+        if dtype is not None and out.dtype != dtype and name != "vector_norm":
             raise _out_dtype_error(dtype, out.dtype)
-        if name == "vector_norm" and out.dtype != own:
+        if name == "vector_norm" and out.dtype != own:  # the result's dtype: dtype='s, made real
             raise _out_dtype_error(own, out.dtype)
         if name == "mean" and not torch.can_cast(own, out.dtype):
             raise RuntimeError(f"result type {_c10_name(own)} can't be cast to the desired output type "
                                f"{_c10_name(out.dtype)}")
-        result = compute(out.dtype)
+        # vector_norm's out has its result's (real) dtype; its dtype= (a complex input's is complex) stays the call's
+        result = compute(dtype if name == "vector_norm" else out.dtype)
     if out.shape != result.shape:
         if out.numel() != 0:
             warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
