@@ -182,7 +182,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd(const at::Tensor
 }
 
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
-  check_norm_list(tensors, ord, dtype, "reduce::foreach_norm");
+  check_norm_list(tensors, ord, dtype);
   std::vector<at::Tensor> norms;
   for (const at::Tensor& t : tensors)
     norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), /*keepdim=*/false, dtype));
@@ -190,7 +190,7 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
 }
 
 at::Tensor total_norm(at::TensorList tensors, double ord) {
-  check_norm_list(tensors, ord, std::nullopt, "reduce::total_norm");
+  check_norm_list(tensors, ord, std::nullopt);
   std::vector<at::Tensor> norms;
   for (const at::Tensor& t : tensors)
     norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), /*keepdim=*/false, std::nullopt)

@@ -23,7 +23,8 @@ const char* reduction_name(Reduction r) {
 }
 
 // Complex numbers sum and average (two real reductions: reduce_dims) and have norms (the norm of their
-// magnitudes); torch has no max or min of them, and it multiplies them, which the kernels here do not.
+// magnitudes, complex32's too); torch has no max or min of them, and it multiplies them, which the kernels here do
+// not.
 // uint16/32/64 take every row whose result may be an integer (torch's CUDA kernels take them for amax/amin, its
 // CPU ones do not).
 void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
@@ -39,16 +40,16 @@ void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
       TORCH_CHECK_NOT_IMPLEMENTED(r != Reduction::Prod, "torch_reduce.", name, " does not take complex inputs (",
                                   type, "); torch.prod does");
       return;
+    case at::kComplexHalf:
+      if (r == Reduction::VectorNorm) return;  // |z| in float16 (torch's abs), then the float16 kernels
+      [[fallthrough]];
     default:
       TORCH_CHECK(false, name, ": unsupported dtype ", type,
-                  "; expected float32, float64, float16, bfloat16, an integer type, bool, or (sum, mean, vector_norm) "
-                  "complex64 or complex128");
+                  "; expected float32, float64, float16, bfloat16, an integer type, bool, complex64 or complex128 "
+                  "(sum, mean, vector_norm), or complex32 (vector_norm)");
   }
 }
 
-namespace {
-
-// vector_norm's input and dtype= rules, in torch's words.
 void check_vector_norm_dtypes(at::ScalarType input, std::optional<at::ScalarType> dtype) {
   const bool complex = at::isComplexType(input);
   TORCH_CHECK(at::isFloatingType(input) || complex,
@@ -61,6 +62,8 @@ void check_vector_norm_dtypes(at::ScalarType input, std::optional<at::ScalarType
   TORCH_CHECK(at::promote_types(input, *dtype) == *dtype, "linalg.vector_norm: the dtype of the input (", input,
               ") should be convertible without narrowing to the specified dtype (", *dtype, ")");
 }
+
+namespace {
 
 // The dtype the op returns, with torch's rules and messages.
 at::ScalarType result_type(Reduction r, at::ScalarType input, std::optional<at::ScalarType> dtype) {

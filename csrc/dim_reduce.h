@@ -35,6 +35,9 @@ enum class Reduction { Sum, Mean, Amax, Amin, Prod, VectorNorm };
 
 const char* reduction_name(Reduction r);
 
+// linalg.vector_norm's input and dtype= rules, in torch's words (the norm ops and foreach_norm's).
+void check_vector_norm_dtypes(at::ScalarType input, std::optional<at::ScalarType> dtype);
+
 // One call's arguments, whatever the op's signature: views of the caller's, valid during the call.
 // dim: nullopt or empty means every dim; ord: vector_norm's order (unused by the others).
 struct ReduceCall {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dim_reduce.h"
+
 namespace torch_reduce {
 namespace {
 
@@ -13,18 +15,11 @@ bool is_float_type(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
-void check_norm_input(const at::Tensor& t, double ord, std::optional<at::ScalarType> dtype, const char* op) {
+void check_norm_input(const at::Tensor& t, double ord, std::optional<at::ScalarType> dtype) {
   const at::ScalarType type = t.scalar_type();
-  TORCH_CHECK_NOT_IMPLEMENTED(!at::isComplexType(type), op, " does not take complex inputs (", type,
-                              "); torch._foreach_norm does");
-  TORCH_CHECK(is_float_type(type), "linalg.vector_norm: Expected a floating point or complex tensor as input. Got ",
-              type);
-  if (dtype.has_value()) {
-    TORCH_CHECK(at::isFloatingType(*dtype), "linalg.vector_norm: dtype should be floating point or complex, but got ",
-                *dtype);
-    TORCH_CHECK(at::promoteTypes(type, *dtype) == *dtype, "linalg.vector_norm: the dtype of the input (", type,
-                ") should be convertible without narrowing to the specified dtype (", *dtype, ")");
-  }
+  TORCH_CHECK(is_float_type(type) || at::isComplexType(type),
+              "linalg.vector_norm: Expected a floating point or complex tensor as input. Got ", type);
+  check_vector_norm_dtypes(type, dtype);
   const bool empty = t.sym_numel() == 0;  // symbolic under torch.compile
   if (empty && ord == INFINITY)
     TORCH_CHECK(false, "_foreach_norm cannot compute the infinity norm on an empty tensor because the operation does "
@@ -35,25 +30,56 @@ void check_norm_input(const at::Tensor& t, double ord, std::optional<at::ScalarT
 
 }  // namespace
 
-void check_norm_list(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype, const char* op) {
+void check_norm_list(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
   TORCH_CHECK(!tensors.empty(), "Tensor list must have at least one tensor.");
-  for (const at::Tensor& t : tensors) check_norm_input(t, ord, dtype, op);
+  for (const at::Tensor& t : tensors) check_norm_input(t, ord, dtype);
 }
 
 void check_clip_grads(at::TensorList grads, const at::Tensor& total_norm, const char* op) {
   TORCH_CHECK(!grads.empty(), "Tensor list must have at least one tensor.");
   for (const at::Tensor& g : grads)
-    TORCH_CHECK(is_float_type(g.scalar_type()), op, ": expected float32, float64, float16 or bfloat16 gradients, got ",
-                g.scalar_type());
+    TORCH_CHECK(is_float_type(g.scalar_type()) || at::isComplexType(g.scalar_type()), op,
+                ": expected floating point or complex gradients (float32, float64, float16, bfloat16, complex32, "
+                "complex64, complex128), got ", g.scalar_type());
   TORCH_CHECK(total_norm.dim() == 0 && is_float_type(total_norm.scalar_type()), op,
               ": total_norm must be a 0-dim floating tensor, got shape ", total_norm.sizes(), " of ",
               total_norm.scalar_type());
 }
 
 at::ScalarType total_norm_dtype(at::TensorList tensors) {
-  at::ScalarType type = tensors[0].scalar_type();
-  for (const at::Tensor& t : tensors) type = at::promoteTypes(type, t.scalar_type());
+  at::ScalarType type = c10::toRealValueType(tensors[0].scalar_type());
+  for (const at::Tensor& t : tensors) type = at::promoteTypes(type, c10::toRealValueType(t.scalar_type()));
   return type;
+}
+
+namespace {
+
+// A complex tensor as its (real, imaginary) pairs, sharing its memory (a conjugate view's conjugate: the same
+// magnitudes, and a real scaling commutes with it).
+at::Tensor pairs_of(const at::Tensor& t) { return at::view_as_real(t.is_conj() ? t.conj() : t); }
+
+}  // namespace
+
+NormOperands real_operands(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
+  NormOperands operands{{}, dtype ? std::optional(c10::toRealValueType(*dtype)) : std::nullopt};
+  operands.tensors.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    if (!t.is_complex()) {
+      operands.tensors.push_back(t);
+    } else if (ord == 2) {
+      operands.tensors.push_back(pairs_of(t));  // sum |z|^2 = sum re^2 + im^2: no copy
+    } else {
+      operands.tensors.push_back(at::abs(t));
+    }
+  }
+  return operands;
+}
+
+std::vector<at::Tensor> real_views(at::TensorList grads) {
+  std::vector<at::Tensor> views;
+  views.reserve(grads.size());
+  for (const at::Tensor& g : grads) views.push_back(g.is_complex() ? pairs_of(g) : g);
+  return views;
 }
 
 std::vector<std::pair<at::Device, std::vector<int64_t>>> group_by_device(at::TensorList tensors) {
@@ -130,6 +156,20 @@ void clip_grads_sparse(at::TensorList grads, const at::Tensor& total_norm, doubl
 }
 
 }  // namespace
+
+// A conjugate (complex) or negative (real) view's norm is its memory's, and a real coefficient's scaling commutes
+// with both: the kernels take such views as they are (real_operands, real_views), where torch's fallbacks for these
+// keys would copy the norms' inputs and refuse the mutable lists of clip_grads_ and clip_grad_norm_.
+#define TORCH_REDUCE_VIEW_BITS_FALL_THROUGH(key)                           \
+  TORCH_LIBRARY_IMPL(reduce, key, m) {                                     \
+    m.impl("foreach_norm", torch::CppFunction::makeFallthrough());         \
+    m.impl("total_norm", torch::CppFunction::makeFallthrough());           \
+    m.impl("clip_grads_", torch::CppFunction::makeFallthrough());          \
+    m.impl("clip_grad_norm_", torch::CppFunction::makeFallthrough());      \
+  }
+TORCH_REDUCE_VIEW_BITS_FALL_THROUGH(Conjugate)
+TORCH_REDUCE_VIEW_BITS_FALL_THROUGH(Negative)
+#undef TORCH_REDUCE_VIEW_BITS_FALL_THROUGH
 
 TORCH_LIBRARY_IMPL(reduce, SparseCPU, m) {
   m.impl("foreach_norm", &foreach_norm_sparse);

@@ -18,15 +18,27 @@
 
 namespace torch_reduce {
 
-// torch's checks of each tensor, in its order and words: a floating dtype (complex raises, naming torch's op),
-// dtype= floating and reached without narrowing, and no empty tensor for the orders without an identity (inf and
-// below 0). An empty list raises, as torch._foreach_norm does.
-void check_norm_list(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype, const char* op);
-// grads floating, total_norm a 0-dim floating tensor.
+// torch's checks of each tensor, in its order and words: a floating or complex dtype, dtype= as
+// linalg.vector_norm takes it (complex for a complex tensor, real for a real one, reached without narrowing), and
+// no empty tensor for the orders without an identity (inf and below 0). An empty list raises, as
+// torch._foreach_norm does.
+void check_norm_list(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
+// grads floating or complex, total_norm a 0-dim floating tensor.
 void check_clip_grads(at::TensorList grads, const at::Tensor& total_norm, const char* op);
 
-// total_norm's dtype: the tensors' dtypes promoted, as torch.stack promotes the per-tensor norms.
+// total_norm's dtype: the real types of the tensors' dtypes promoted, as torch.stack promotes the per-tensor norms.
 at::ScalarType total_norm_dtype(at::TensorList tensors);
+
+// What the kernels, which read real numbers, take for a list: a complex tensor's norm is its magnitudes' (a real
+// norm in the real type of dtype=). Order 2 reads the (real, imaginary) pairs in place (the same sum of squares);
+// the other orders read |z|, computed first (torch's abs).
+struct NormOperands {
+  std::vector<at::Tensor> tensors;
+  std::optional<at::ScalarType> dtype;
+};
+NormOperands real_operands(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
+// The gradients as the scaling kernels take them: a complex one as its (real, imaginary) pairs, in place.
+std::vector<at::Tensor> real_views(at::TensorList grads);
 
 // The list's positions grouped by device, the devices in the order they first appear.
 std::vector<std::pair<at::Device, std::vector<int64_t>>> group_by_device(at::TensorList tensors);

@@ -21,15 +21,21 @@ double correction_value(const std::optional<at::Scalar>& correction) {
 
 void check_var_mean_dtype(const at::Tensor& input, const char* op) {
   const at::ScalarType type = input.scalar_type();
-  TORCH_CHECK(is_float_type(type) || type == at::kComplexFloat || type == at::kComplexDouble, op,
+  TORCH_CHECK(is_float_type(type) || at::isComplexType(type), op,
               ": var_mean only support floating point and complex dtypes (float32, float64, float16, bfloat16, "
-              "complex64, complex128), got ", type);
+              "complex32, complex64, complex128), got ", type);
 }
 
 std::tuple<at::Tensor, at::Tensor> complex_var_mean(const at::Tensor& input, at::OptionalIntArrayRef dim,
                                                     const std::optional<at::Scalar>& correction, bool keepdim,
                                                     VarMeanKernel real_var_mean, const char* op) {
   check_var_mean_dtype(input, op);
+  if (input.scalar_type() == at::kComplexHalf) {
+    // Computed in complex64 and rounded once to float16 and complex32 (the two float16 variances added in
+    // float16 would round twice).
+    auto [var, mean] = complex_var_mean(input.to(at::kComplexFloat), dim, correction, keepdim, real_var_mean, op);
+    return {var.to(at::kHalf), mean.to(at::kComplexHalf)};
+  }
   // A 0-dim input is one element: given a dim of 1 to reduce, so that no call reads the pairs' dim as its own.
   const at::Tensor x = input.dim() == 0 ? input.reshape({1}) : input;
   std::vector<int64_t> dims;

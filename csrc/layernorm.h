@@ -27,11 +27,12 @@ struct VarMeanProblem {
 VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef dim,
                                 const std::optional<at::Scalar>& correction, bool keepdim, const char* op);
 double correction_value(const std::optional<at::Scalar>& correction);
-// float32, float64, float16, bfloat16, complex64 and complex128, as torch.var_mean takes them (but complex32).
+// float32, float64, float16, bfloat16, complex32, complex64 and complex128, as torch.var_mean takes them.
 void check_var_mean_dtype(const at::Tensor& input, const char* op);
 
-// torch.var_mean of a complex64/complex128 input, backend-neutral: a backend's var_mean over view_as_real's
-// (real, imaginary) pairs, a kept trailing dim of 2; var is the two parts' variances added, mean the two means.
+// torch.var_mean of a complex input, backend-neutral (complex32 computed in complex64): a backend's var_mean over
+// view_as_real's (real, imaginary) pairs, a kept trailing dim of 2; var is the two parts' variances added, mean the
+// two means.
 using VarMeanKernel = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, at::OptionalIntArrayRef,
                                                              const std::optional<at::Scalar>&, bool);
 std::tuple<at::Tensor, at::Tensor> complex_var_mean(const at::Tensor& input, at::OptionalIntArrayRef dim,

@@ -346,8 +346,9 @@ def reduction_error_inputs(name):
         # A bool or a float is not a dim (the op's schema would read True as 1).
         for dim in (True, [True], 1.0):
             yield ErrorInput((x, dim), {}, TypeError, "must be tuple of ints", ours_message=True)
-        yield ErrorInput((torch.ones(3, dtype=torch.complex32, device=device),), {}, RuntimeError,
-                         "unsupported dtype", ours_only=True)
+        if name != "vector_norm":  # torch's CPU kernels do not sum or multiply complex32 either
+            yield ErrorInput((torch.ones(3, dtype=torch.complex32, device=device),), {}, RuntimeError,
+                             "unsupported dtype", ours_only=True)
         if name in ("amax", "amin"):  # torch has no max or min of complex numbers either
             yield ErrorInput((torch.ones(3, dtype=torch.complex64, device=device),), {}, NotImplementedError,
                              "not implemented for 'ComplexFloat'")
@@ -370,9 +371,6 @@ def var_mean_error_inputs(device):
     yield ErrorInput((x, (1, -1)), {}, RuntimeError, "appears multiple times")
     yield ErrorInput((x, [True]), {}, TypeError, "must be tuple of ints", ours_message=True)
     yield ErrorInput((x, 1.0), {}, TypeError, "must be tuple of ints", ours_message=True)
-    # torch takes complex32 inputs too; ours names the dtypes it takes (complex64 and complex128 among them).
-    yield ErrorInput((torch.zeros(3, 4, dtype=torch.complex32, device=device),), {}, RuntimeError,
-                     "floating point and complex dtypes .*complex128\\), got ComplexHalf", ours_only=True)
 
 
 def layer_norm_error_inputs(device):

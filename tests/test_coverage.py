@@ -379,6 +379,24 @@ def test_complex_vector_norm(ord, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [2, 1, 0, math.inf, -math.inf, 0.5], ids=str)
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")
+def test_complex32_vector_norm(ord, device):
+    """complex32 as torch takes it: |z| in float16, a float16 norm (float32 with dtype=complex64)."""
+    x = torch.randn(37, 65, dtype=torch.complex64, device=device).to(torch.complex32)
+    for view in (x, x.conj(), x.t(), x[:, 1::2]):
+        for dim in (None, 1, 0):
+            got = torch_reduce.vector_norm(view, ord, dim)
+            want = torch.linalg.vector_norm(view.cpu().to(torch.complex128), ord, dim)
+            assert got.dtype == torch.float16 and got.shape == want.shape
+            torch.testing.assert_close(got.cpu(), want.half(), rtol=2e-3, atol=0)  # order 0.5 overflows to inf
+    got = torch_reduce.vector_norm(x, ord, 1, dtype=torch.complex64)
+    assert got.dtype == torch.float32
+    assert torch_reduce.vector_norm(x.to("meta"), ord, 1).dtype == torch.float16
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ord", [2, 1, math.inf, 3, 0.5], ids=str)
 def test_complex_vector_norm_autograd(ord, device):
     """Backward, double backward and forward mode (gradcheck's complex derivatives), the gradient against torch's

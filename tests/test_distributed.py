@@ -48,18 +48,26 @@ TOL = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-5), torch.bfloat1
 def outcomes(request, tmp_path_factory):
     """Every case's outcome on every rank: {"passed"} or the traceback, for one backend."""
     backend = request.param
-    seed = int(os.environ.get("TORCH_REDUCE_SEED", int.from_bytes(os.urandom(4), "little")))
+    seed = _seed()
     workdir = tmp_path_factory.mktemp(f"distributed-{backend}")
-    context = mp.start_processes(_worker, args=(backend, str(workdir), seed), nprocs=WORLD, join=False,
-                                 start_method="spawn")
+    _run_workers(_worker, (backend, str(workdir), seed), WORLD, f"the {backend} workers (seed {seed})")
+    reports = [json.loads((workdir / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+    return seed, reports
+
+
+def _seed() -> int:
+    return int(os.environ.get("TORCH_REDUCE_SEED", int.from_bytes(os.urandom(4), "little")))
+
+
+def _run_workers(worker, args, ranks, what):
+    """worker(rank, *args) in ``ranks`` new processes, waited for (killed after WORKERS_TIMEOUT_S)."""
+    context = mp.start_processes(worker, args=args, nprocs=ranks, join=False, start_method="spawn")
     deadline = time.monotonic() + WORKERS_TIMEOUT_S
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail(f"the {backend} workers did not finish in {WORKERS_TIMEOUT_S} s (seed {seed})")
-    reports = [json.loads((workdir / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
-    return seed, reports
+            pytest.fail(f"{what} did not finish in {WORKERS_TIMEOUT_S} s")
 
 
 def _worker(rank, backend, workdir, seed):
@@ -474,6 +482,78 @@ for _shape, _placement_args, _label in (((7, 6), ("Shard", 0), "rows"), ((2, 5, 
         check_dtensor_layer_norm, shape=_shape, placement_args=_placement_args)
 
 
+def check_dtensor_rms_and_add_norms(ctx, shape, placement_args):
+    """rms_norm, add_rms_norm and add_layer_norm through autograd against torch on the whole tensors: outputs and
+    input gradients keep the input's placement (a residual given in another placement is redistributed to it), the
+    parameters' gradients are Partial(sum) where the rows are sharded."""
+    from torch.distributed.tensor import Partial, Replicate, distribute_tensor
+    placement = _placement(*placement_args)
+    hidden = shape[-1]
+    column_sums = Partial("sum") if placement != Replicate() else Replicate()
+    full, residual, grad_out, grad_sum = (ctx.shared_randn(*shape) for _ in range(4))
+    weight, bias = ctx.shared_randn(hidden) + 1, ctx.shared_randn(hidden)
+    for name in ("rms_norm", "add_rms_norm", "add_layer_norm"):
+        fused = name.startswith("add")
+        with_bias = name == "add_layer_norm"
+        x = distribute_tensor(full, ctx.mesh, [placement]).requires_grad_()
+        r = distribute_tensor(residual, ctx.mesh, [Replicate()]).requires_grad_()  # not the input's placement
+        w = distribute_tensor(weight, ctx.mesh, [Replicate()]).requires_grad_()
+        b = distribute_tensor(bias, ctx.mesh, [Replicate()]).requires_grad_()
+        ref_x, ref_r, ref_w, ref_b = (t.double().requires_grad_() for t in (full, residual, weight, bias))
+        ref_h = ref_x + ref_r if fused else ref_x
+        ref_out = (F.layer_norm(ref_h, (hidden,), ref_w, ref_b) if with_bias else
+                   F.rms_norm(ref_h, (hidden,), ref_w, torch.finfo(torch.float32).eps))
+        if name == "rms_norm":
+            out = torch_reduce.rms_norm(x, (hidden,), w)
+            outputs, refs, inputs = (out,), (ref_out,), ((x, ref_x), (w, ref_w))
+            out.backward(distribute_tensor(grad_out, ctx.mesh, [placement]))
+            ref_out.backward(grad_out.double())
+        else:
+            out, total = (torch_reduce.add_layer_norm(x, r, (hidden,), w, b) if with_bias else
+                          torch_reduce.add_rms_norm(x, r, (hidden,), w))
+            outputs, refs = (out, total), (ref_out, ref_h)
+            inputs = ((x, ref_x), (r, ref_r), (w, ref_w)) + (((b, ref_b),) if with_bias else ())
+            torch.autograd.backward([out, total], [distribute_tensor(g, ctx.mesh, [placement])
+                                                   for g in (grad_out, grad_sum)])
+            torch.autograd.backward([ref_out, ref_h], [grad_out.double(), grad_sum.double()])
+        for got, want in zip(outputs, refs):
+            assert got.placements == (placement,), (name, got.placements)
+            assert_close(got.full_tensor(), want.detach(), torch.float32, scale=want.detach().abs().max().item(),
+                         what=f"{name} output")
+        placements = {id(x): (placement,), id(w): (column_sums,), id(b): (column_sums,)}  # the residual's: DTensor's
+        for t, ref_t in inputs:
+            assert id(t) not in placements or t.grad.placements == placements[id(t)], (name, t.grad.placements)
+            assert_close(t.grad.full_tensor(), ref_t.grad, torch.float32, scale=ref_t.grad.abs().max().item(),
+                         what=f"{name} gradient")
+
+
+for _shape, _placement_args, _label in (((7, 6), ("Shard", 0), "rows"), ((2, 5, 8), ("Shard", 1), "sequence parallel"),
+                                        ((7, 6), ("Replicate",), "replicated")):
+    CASES[f"DTensor rms_norm, add_rms_norm, add_layer_norm: {_label}, {_placement_args}"] = functools.partial(
+        check_dtensor_rms_and_add_norms, shape=_shape, placement_args=_placement_args)
+
+
+@case("DTensor: SequenceParallel on a converted RMSNorm")
+def check_sequence_parallel_rms_norm(ctx):
+    """Llama's tensor-parallel plan puts SequenceParallel on its RMSNorms: after convert_norms the rows stay
+    sharded, and the replicated weight's gradient comes out right once its Partial(sum) is reduced."""
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+    full, grad_out = ctx.shared_randn(2, 6, 8), ctx.shared_randn(2, 6, 8)
+    reference = torch.nn.RMSNorm(8, eps=1e-6, device=ctx.device, dtype=torch.float64)
+    with torch.no_grad():
+        reference.weight.copy_(ctx.shared_randn(8) + 1)
+    model = torch_reduce.nn.convert_norms(torch.nn.RMSNorm(8, eps=1e-6, device=ctx.device))
+    model.load_state_dict(reference.state_dict())
+    parallelize_module(model, ctx.mesh, SequenceParallel())
+    out = model(full.tensor_split(WORLD, dim=1)[ctx.rank])
+    out.to_local().backward(grad_out.tensor_split(WORLD, dim=1)[ctx.rank])
+    ref_out = reference(full.double())
+    ref_out.backward(grad_out.double())
+    assert_close(out.full_tensor(), ref_out.detach(), torch.float32, scale=1.0)
+    assert_close(model.weight.grad.full_tensor(), reference.weight.grad, torch.float32,
+                 scale=reference.weight.grad.abs().max().item())
+
+
 @case("DTensor: SequenceParallel on a converted LayerNorm")
 def check_sequence_parallel(ctx):
     """torch's tensor-parallel API on a model after convert_layernorm: the rows (sequence) stay sharded, and the
@@ -495,6 +575,65 @@ def check_sequence_parallel(ctx):
     assert_close(out.full_tensor(), ref_out.detach(), torch.float32, scale=1.0)
     for p, ref_p in ((model.weight, reference.weight), (model.bias, reference.bias)):
         assert_close(p.grad.full_tensor(), ref_p.grad, torch.float32, scale=ref_p.grad.abs().max().item())
+
+
+def _grad_dtensors(ctx):
+    """Gradients as FSDP2, HSDP and tensor parallelism leave them, with their whole values: uneven Shard(0) (one
+    rank's shard empty where a tensor has a single row), Shard(1), Replicate, Partial(sum) (each rank half the
+    value), a _StridedShard (FSDP2 over tensor parallelism), bfloat16 and complex64 ones."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+    wholes = [ctx.shared_randn(5, 4), ctx.shared_randn(1, 6), ctx.shared_randn(3, 6), ctx.shared_randn(7),
+              ctx.shared_randn(2, 3), ctx.shared_randn(8, 3), ctx.shared_randn(5, 2).to(torch.bfloat16),
+              torch.complex(ctx.shared_randn(3, 4), ctx.shared_randn(3, 4)).to(torch.complex64)]
+    placements = [Shard(0), Shard(0), Shard(1), Replicate(), None, "strided", Shard(0), Shard(0)]
+    tensors = []
+    for whole, placement in zip(wholes, placements):
+        if placement is None:  # each rank holds half the value
+            tensors.append(DTensor.from_local(whole / WORLD, ctx.mesh, [Partial()], run_check=False))
+        elif placement == "strided":
+            tensors.append(distribute_tensor(whole, ctx.mesh, [_StridedShard(0, split_factor=2)]))
+        else:
+            tensors.append(distribute_tensor(whole, ctx.mesh, [placement]))
+    return wholes, tensors
+
+
+@case("DTensor gradient norms: foreach_norm, get_total_norm, clip_grad_norm_")
+def check_dtensor_gradient_norms(ctx):
+    from torch.distributed.tensor import DTensor, Replicate
+    wholes, tensors = _grad_dtensors(ctx)
+    assert tensors[5].to_local().shape == (4, 3) and torch.equal(tensors[5].full_tensor(), wholes[5])
+    for order in (2, 1, math.inf, -math.inf, 0, 3, 0.5, -1):
+        norms = ctx.same_everywhere_and_twice(lambda: tuple(torch_reduce.foreach_norm(tensors, order)))
+        for norm, whole in zip(norms, wholes):
+            assert isinstance(norm, DTensor) and norm.placements == (Replicate(),) and norm.shape == ()
+            want = torch.linalg.vector_norm(whole.cpu().to(torch.complex128 if whole.is_complex() else torch.float64),
+                                            order)
+            assert norm.dtype == whole.dtype.to_real()
+            assert_close(norm.to_local().cpu(), want, norm.dtype, what=f"order {order} norm")
+        total = ctx.same_everywhere_and_twice(lambda: torch_reduce.get_total_norm(tensors, order))
+        want = torch.nn.utils.get_total_norm([w.cpu().to(torch.complex128 if w.is_complex() else torch.float64)
+                                              for w in wholes], order)
+        assert isinstance(total, DTensor) and total.placements == (Replicate(),) and total.dtype == torch.float32
+        assert_close(total.to_local().cpu(), want, torch.float32, what=f"order {order} total")
+    # The clip: each rank scales its own part of every gradient by the coefficient of the global total.
+    params = [torch.nn.Parameter(t.detach().clone()) for t in tensors]
+    for p, t in zip(params, tensors):
+        p.grad = t.detach().clone()
+    total = torch_reduce.clip_grad_norm_(params, 0.5)
+    want = torch.nn.utils.get_total_norm([w.cpu().to(torch.complex128 if w.is_complex() else torch.float64)
+                                          for w in wholes])
+    assert isinstance(total, DTensor) and total.placements == (Replicate(),)
+    assert_close(total.to_local().cpu(), want, torch.float32, what="clip_grad_norm_'s total")
+    coefficient = min(0.5 / (want.item() + 1e-6), 1.0)
+    for p, t, whole in zip(params, tensors, wholes):
+        assert p.grad.placements == t.placements
+        wide = torch.complex128 if whole.is_complex() else torch.float64
+        tol = 1e-2 if whole.dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(p.grad.full_tensor().cpu().to(wide), whole.cpu().to(wide) * coefficient,
+                                   rtol=tol, atol=tol)
+    with pytest.raises(NotImplementedError, match="torch.Tensor beside DTensor"):
+        torch_reduce.foreach_norm([tensors[0], wholes[0]])
 
 
 @case("DTensor: unsupported placements raise")
@@ -522,6 +661,54 @@ def check_dtensor_unsupported(ctx):
         torch_reduce.var_mean(distribute_tensor(full.to(torch.complex64), ctx.mesh, [Shard(0)]), 0)
     with pytest.raises(RuntimeError, match="does not match"):  # the kernel's own checks, on the global shape
         torch_reduce.layer_norm(rows, (4,))
+
+
+# --------------------------------------------------------------------------------------- a 2-D mesh ----
+
+
+def _mesh_2d_worker(rank, workdir, seed):
+    """On a 2 x 2 mesh (dp, tp) of four gloo ranks: gradients placed as HSDP, FSDP2 over tensor parallelism and
+    tensor parallelism place them, each sharded along one mesh dim and replicated or sharded along the other."""
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous-2d", rank=rank, world_size=4,
+                            timeout=timedelta(seconds=60))
+    outcome = "passed"
+    try:
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+        from torch.distributed.tensor.placement_types import _StridedShard
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        generator = torch.Generator().manual_seed(seed)
+        wholes = [torch.randn(shape, generator=generator, dtype=torch.float64).float()
+                  for shape in [(6, 4), (5, 3), (8, 2), (3,), (4, 4), (1, 5)]]
+        placements = [(Shard(0), Shard(1)), (Replicate(), Shard(0)), (Shard(0), Replicate()), (Replicate(), Replicate()),
+                      (_StridedShard(0, split_factor=2), Shard(0)), (Shard(0), Shard(0))]
+        grads = [distribute_tensor(w, mesh, list(p)) for w, p in zip(wholes, placements)]
+        for order in (2, 1, math.inf, -math.inf, 0, 3, -1):
+            for norm, whole in zip(torch_reduce.foreach_norm(grads, order), wholes):
+                assert_close(norm.to_local(), torch.linalg.vector_norm(whole.double(), order), torch.float32,
+                             what=f"order {order} norm")
+            total = torch_reduce.get_total_norm(grads, order).to_local()
+            assert_close(total, torch.nn.utils.get_total_norm([w.double() for w in wholes], order), torch.float32,
+                         what=f"order {order} total")
+        params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        want = torch.nn.utils.get_total_norm([w.double() for w in wholes])
+        assert_close(torch_reduce.clip_grad_norm_(params, 1.0).to_local(), want, torch.float32, what="clip's total")
+        for p, whole in zip(params, wholes):
+            assert_close(p.grad.full_tensor(), whole.double() / (want + 1e-6), torch.float32, what="clipped gradient")
+    except Exception:
+        outcome = traceback.format_exc()
+    with open(os.path.join(workdir, f"2d-rank{rank}.json"), "w") as f:
+        json.dump(outcome, f)
+    dist.destroy_process_group()
+
+
+def test_gradient_norms_on_a_2d_mesh(tmp_path):
+    seed = _seed()
+    _run_workers(_mesh_2d_worker, (str(tmp_path), seed), 4, f"the 2-D mesh's workers (seed {seed})")
+    for rank in range(4):
+        outcome = json.loads((tmp_path / f"2d-rank{rank}.json").read_text())
+        assert outcome == "passed", f"rank {rank} (replay with TORCH_REDUCE_SEED={seed}):\n{outcome}"
 
 
 # ------------------------------------------------------------------------------------------ the test ----

@@ -49,8 +49,8 @@ def odd_list(dtype, device, empty=True):
 
 
 def reference_norm(t, ord):
-    """On the CPU, whatever the tensor's device (the tests compare there)."""
-    return torch.linalg.vector_norm(t.double().cpu(), ord)
+    """On the CPU, whatever the tensor's device (the tests compare there); a complex tensor's in complex128."""
+    return torch.linalg.vector_norm(t.cpu().to(torch.complex128 if t.is_complex() else torch.float64), ord)
 
 
 def reference_total(tensors, ord):
@@ -139,8 +139,99 @@ def test_foreach_norm_errors_like_torch():
             with pytest.raises(RuntimeError) as ours:
                 torch_reduce.foreach_norm([t.to(device) for t in tensors], ord, dtype)
             assert str(ours.value).split("\n")[0] == str(theirs.value).split("\n")[0]
-    with pytest.raises(NotImplementedError, match="complex"):
-        torch_reduce.foreach_norm([torch.randn(3, dtype=torch.complex64)])
+
+
+# ------------------------------------------------------------------------------------- complex tensors ----
+# As torch: a complex tensor's norm is its magnitudes' (real, in the real type of its dtype); torch's dtype= rules
+# (complex for a complex tensor); a real clip coefficient scales real and imaginary parts alike.
+
+COMPLEX_TOL = {torch.complex128: TOL[torch.float64], torch.complex64: TOL[torch.float32],
+               torch.complex32: TOL[torch.float16]}
+
+
+def complex_list(device):
+    """complex64 in every layout (and a conjugate view, and an empty tensor), complex128, complex32 and a float32
+    tensor beside them."""
+    z = odd_list(torch.complex64, device)[:8] + [torch.randn(33, 65, dtype=torch.complex64, device=device).conj()]
+    return z + [torch.randn(5, 7, dtype=torch.complex128, device=device).t(),
+                torch.randn(301, device=device).to(torch.complex32), torch.randn(17, device=device)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", ORDS, ids=str)
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")  # torch._foreach_norm's, order 0
+def test_complex_tensors_like_torch(ord, device):
+    tensors = complex_list(device)
+    if not empty_allowed(ord):
+        tensors = [t for t in tensors if t.numel()]
+    ours, theirs = torch_reduce.foreach_norm(tensors, ord), torch._foreach_norm(tensors, ord)
+    for t, n, m in zip(tensors, ours, theirs):
+        assert n.dtype == m.dtype == t.dtype.to_real() and n.device == t.device
+        tol = COMPLEX_TOL.get(t.dtype, TOL[torch.float32])
+        torch.testing.assert_close(n.double().cpu(), reference_norm(t, ord).to(n.dtype).double(), **tol)
+    total = torch_reduce.get_total_norm(tensors, ord)
+    want = torch.nn.utils.get_total_norm(tensors, ord)
+    assert total.dtype == want.dtype == torch.float64  # complex128 promoted among the real types
+    # torch rounds each tensor's norm to its dtype first (complex32's to float16): a loose comparison with it
+    torch.testing.assert_close(total, want, **TOL[torch.float16])
+    torch.testing.assert_close(total.cpu(), reference_total(tensors, ord), **TOL[torch.float32])
+    ours = [torch.nn.Parameter(torch.zeros(s, dtype=torch.complex64, device=device)) for s in [(33, 17), (1000,)]]
+    for p in ours:
+        p.grad = 3 * torch.randn(p.shape, dtype=torch.complex64, device=device)
+    ours[1].grad = ours[1].grad.conj()  # a conjugate view: scaled in place, its conjugate bit kept
+    ours.append(torch.nn.Parameter(torch.zeros(9, 8, dtype=torch.complex64, device=device)))
+    ours[-1].grad = 3 * torch.randn(9, 16, dtype=torch.complex64, device=device)[:, ::2]  # gaps: torch's mul_
+    ours.append(torch.nn.Parameter(torch.randn(9, 8, device=device)))
+    ours[-1].grad = torch.randn(9, 8, dtype=torch.complex64, device=device).conj().imag  # real, the negative bit set
+    grads = [p.grad for p in ours]
+    theirs = clone_params(ours)
+    before = [p.grad.clone() for p in ours]
+    total = torch_reduce.clip_grad_norm_(ours, 0.5, ord)
+    want = torch.nn.utils.clip_grad_norm_(theirs, 0.5, ord, foreach=True)
+    assert total.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(total, want, **TORCH_TOL[torch.float32])
+    coefficient = min(0.5 / (reference_total(before, ord).item() + 1e-6), 1.0)
+    assert all(p.grad is g for p, g in zip(ours, grads)) and ours[1].grad.is_conj() and ours[-1].grad.is_neg()
+    for p, q, b in zip(ours, theirs, before):
+        torch.testing.assert_close(p.grad.to(torch.complex128), b.to(torch.complex128) * coefficient,
+                                   **TORCH_TOL[torch.float32])
+        torch.testing.assert_close(p.grad, q.grad, **TORCH_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_complex_dtype_rules_like_torch(device):
+    z, x = torch.randn(4, 5, dtype=torch.complex64, device=device), torch.randn(3, device=device)
+    for tensors, dtype in (([z], torch.complex128), ([z, z.conj()], torch.complex64)):
+        ours, theirs = torch_reduce.foreach_norm(tensors, 2, dtype), torch._foreach_norm(tensors, 2, dtype=dtype)
+        for n, m in zip(ours, theirs):
+            assert n.dtype == m.dtype == dtype.to_real()
+            torch.testing.assert_close(n, m, **TORCH_TOL[dtype.to_real()])
+    for tensors, dtype in (([z], torch.float32), ([z], torch.float64), ([x], torch.complex64),
+                           ([z, x], torch.complex64), ([z.to(torch.complex128)], torch.complex64)):
+        with pytest.raises(RuntimeError) as theirs:
+            torch._foreach_norm(tensors, 2, dtype=dtype)
+        for where in (device, "meta"):
+            with pytest.raises(RuntimeError) as ours:
+                torch_reduce.foreach_norm([t.to(where) for t in tensors], 2, dtype)
+            assert str(ours.value).split("\n")[0] == str(theirs.value).split("\n")[0]
+    meta = [z.to("meta"), x.to("meta", torch.float64)]
+    assert [(n.shape, n.dtype) for n in torch_reduce.foreach_norm(meta)] == [((), torch.float32), ((), torch.float64)]
+    assert torch.ops.reduce.total_norm(meta, 2.0).dtype == torch.float64
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [2, 1, INF], ids=str)
+def test_complex_gradients_are_torchs(ord, device):
+    """A complex tensor requiring grad takes torch's ops (composite path): torch's complex gradients."""
+    xs = [torch.randn(s, device=device, dtype=torch.complex128, requires_grad=True) for s in [(5,), (3, 4)]]
+    ys = [x.detach().clone().requires_grad_() for x in xs]
+    ours = torch.stack(torch_reduce.foreach_norm(xs, ord))
+    theirs = torch.stack(torch._foreach_norm(ys, ord))
+    cotangent = torch.rand(2, device=device, dtype=torch.float64)
+    for g, h in zip(torch.autograd.grad(ours, xs, cotangent), torch.autograd.grad(theirs, ys, cotangent)):
+        torch.testing.assert_close(g, h)
+    torch.autograd.gradcheck(lambda *ts: torch.stack(torch_reduce.foreach_norm(ts, ord)), xs)
 
 
 # ---------------------------------------------------------------------------------- get_total_norm ----

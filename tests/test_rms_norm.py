@@ -198,6 +198,36 @@ torch.testing.assert_close(model(x), want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_converted_models_script(device):
+    """torch.jit.script of a converted model calls the registered ops: torch's outputs and gradients, under autocast
+    too. A converted transformers-style RMSNorm cannot switch autocast off under TorchScript: it raises as it runs."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.RMSNorm(16, eps=1e-5), KeepsTorchForward(16),
+                          nn.LayerNorm(16, bias=False), nn.RMSNorm(16, elementwise_affine=False),
+                          nn.Linear(16, 3)).to(device)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(1, 0.3)
+    reference = copy.deepcopy(model)
+    scripted = torch.jit.script(torch_reduce.nn.convert_norms(model))
+    assert "reduce::layer_norm_fwd" in str(scripted.inlined_graph)
+    assert "reduce::rms_norm_fwd" in str(scripted.inlined_graph)
+    for autocast in (False, True):
+        x = torch.randn(5, 16, device=device, requires_grad=True)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            got, want = scripted(x), reference(x)
+        assert got.dtype == want.dtype
+        tol = 2e-2 if autocast else 1e-5
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        for g, w in zip(torch.autograd.grad(got.float().square().sum(), [x, *scripted.parameters()]),
+                        torch.autograd.grad(want.float().square().sum(), [x, *reference.parameters()])):
+            assert_close_normwise(g, w, tol, "gradient")
+    llama = torch.jit.script(torch_reduce.nn.convert_norms(LlamaStyleRMSNorm(16).to(device)))
+    with pytest.raises(Exception, match="does not run under TorchScript"):
+        llama(torch.randn(5, 16, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_convert_norms_leaves_the_random_stream_alone(device):
     """Probing a transformers-style norm draws from a generator of its own: a seeded run draws the same numbers after
     converting as without (dropout masks, data order)."""

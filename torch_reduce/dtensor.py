@@ -16,14 +16,24 @@ Placements in -> out, mesh dim by mesh dim:
   local norms; inf / -inf: Partial(max) / Partial(min) (an empty shard gives 0 / inf); any other ord p:
   Replicate: each rank's local norm, raised to p in float64, is gathered over the mesh dim, summed in rank
   order and raised to 1/p (torch's Partial has no p-norm placement, and a sum of norms is not a norm).
-- ``layer_norm_fwd``: input Replicate or Shard of a row dim (one not normalized), weight and bias Replicate
-  -> out, mean and rstd with the input's placements.
-- ``layer_norm_bwd``: grad_out, mean and rstd are redistributed to the input's placements; grad_input has the
-  input's placements, grad_weight and grad_bias are Partial(sum) where the input is sharded (each rank holds
-  its rows' column sums), Replicate where it is replicated.
+- ``layer_norm_fwd``, ``rms_norm_fwd``, ``add_layer_norm_fwd``, ``add_rms_norm_fwd``: input Replicate or Shard of a
+  row dim (one not normalized), the residual redistributed to the input's placements, weight and bias Replicate
+  -> every output (out, the sum, mean, rstd) with the input's placements.
+- ``layer_norm_bwd``, ``rms_norm_bwd``: grad_out, the statistics and grad_sum are redistributed to the input's
+  placements; grad_input has the input's placements, grad_weight and grad_bias are Partial(sum) where the input
+  is sharded (each rank holds its rows' column sums), Replicate where it is replicated.
+- ``foreach_norm``, ``total_norm``, ``clip_grad_norm_`` (the gradients of FSDP2, HSDP and tensor parallelism): a
+  list of DTensors on one mesh, each sharded (Shard, _StridedShard) or replicated along each mesh dim as it may be;
+  Partial ones are reduced first (a norm of partial sums is not the norm). Each rank's per-tensor accumulators
+  (sum |x|^p, in float64; max or min for inf / -inf; the count of non-zeros for 0) travel in one all_gather per
+  mesh dim that shards any of them, and each tensor's are folded in rank order over the mesh dims that shard it:
+  the same bits on every rank. The norms and the total are Replicate (torch's per-tensor norms are a private
+  Partial of norms; their values are the same). ``clip_grads_`` (and the clip of ``clip_grad_norm_``) scales each
+  rank's local gradients by the coefficient of the Replicate total: Shard, Replicate and Partial alike.
 
-Anything else raises NotImplementedError, never a guess: Partial or _StridedShard inputs, a sharded
-normalized dim, sharded weight or bias, a plain tensor beside DTensors, DTensors on different meshes.
+Anything else raises NotImplementedError, never a guess: Partial or _StridedShard inputs to the reductions and
+the row norms (the gradient norms take both), a sharded normalized dim, sharded weight or bias, a plain tensor beside
+DTensors, DTensors on different meshes.
 
 The rules are registered with torch.library.register_torch_dispatch, torch's public hook for a custom op
 meeting a tensor subclass. torch.distributed.tensor.experimental.register_sharding is not used: its sharding
@@ -134,35 +144,160 @@ def _var_mean_rule(cls, func, types, args, kwargs):
     return _wrap(var, x, placements, expected_var), _wrap(mean, x, placements, expected_mean)
 
 
-def _layer_norm_fwd_rule(cls, func, types, args, kwargs):
+# The row norms: the tensors that travel with the input's rows (redistributed to its placements), and the
+# parameters (whole on every rank).
+_ROW_NORMS = {
+    "layer_norm_fwd": ((), ("weight", "bias")),
+    "rms_norm_fwd": ((), ("weight",)),
+    "add_layer_norm_fwd": (("residual",), ("weight", "bias")),
+    "add_rms_norm_fwd": (("residual",), ("weight",)),
+    "layer_norm_bwd": (("grad_out", "mean", "rstd", "grad_sum"), ("weight", "bias")),
+    "rms_norm_bwd": (("grad_out", "rstd", "grad_sum"), ("weight",)),
+}
+
+
+def _row_norm_locals(func, args, kwargs):
+    """The checked call's arguments, its outputs' global metas and its outputs on the local rows."""
+    rows, params = _ROW_NORMS[_op_name(func)]
     a = _arguments(func, args, kwargs)
     x = a["input"]
-    _require_dtensors(func, {"input": x, "weight": a["weight"], "bias": a["bias"]})
+    _require_dtensors(func, {name: a[name] for name in ("input", *rows, *params)})
     expected = _call_with(func, args, kwargs, _meta)
-    _check_layer_norm_placements(func, x, len(a["normalized_shape"]), a["weight"], a["bias"])
-    outputs = _call_with(func, args, kwargs, DTensor.to_local)
+    _check_placements(func, "input", x, shardable_dims=range(x.ndim - len(a["normalized_shape"])))
+    for name in params:
+        if a[name] is not None:
+            _check_placements(func, name, a[name], shardable_dims=())
+    # The gradient comes as the next op made it, the residual as the model holds it; the statistics come from the
+    # forward. Each row's tensors must sit beside its input row.
+    aligned = {id(a[name]): _redistributed_like(a[name], x) for name in rows if a[name] is not None}
+    outputs = _call_with(func, args, kwargs, lambda t: aligned.get(id(t), t).to_local())
+    return a, x, params, expected, outputs
+
+
+def _row_norm_fwd_rule(cls, func, types, args, kwargs):
+    """layer_norm_fwd, rms_norm_fwd and the fused adds: every output has the input's placements."""
+    _, x, _, expected, outputs = _row_norm_locals(func, args, kwargs)
     return tuple(_wrap(local, x, x.placements, meta) for local, meta in zip(outputs, expected))
 
 
-def _layer_norm_bwd_rule(cls, func, types, args, kwargs):
-    a = _arguments(func, args, kwargs)
-    x = a["input"]
-    _require_dtensors(func, {name: a[name] for name in ("grad_out", "input", "mean", "rstd", "weight", "bias")})
-    expected = _call_with(func, args, kwargs, _meta)
-    _check_layer_norm_placements(func, x, len(a["normalized_shape"]), a["weight"], a["bias"])
-    # The gradient comes as the next op made it; the statistics come from layer_norm_fwd. Each row's
-    # grad_out, mean and rstd must sit beside its input row.
-    row_aligned = {id(a[name]): _redistributed_like(a[name], x) for name in ("grad_out", "mean", "rstd")}
-    outputs = _call_with(func, args, kwargs, lambda t: row_aligned.get(id(t), t).to_local())
+def _row_norm_bwd_rule(cls, func, types, args, kwargs):
+    """layer_norm_bwd, rms_norm_bwd: grad_input has the input's placements; the parameters' gradients are column
+    sums, Partial(sum) where the rows are sharded (each rank holds its rows' sums), Replicate where not."""
+    a, x, params, expected, outputs = _row_norm_locals(func, args, kwargs)
     column_sums = [Partial("sum") if type(p) is Shard else Replicate() for p in x.placements]
     everywhere = [Replicate()] * x.device_mesh.ndim  # for a gradient not asked for: an empty tensor
-    grad_input, grad_weight, grad_bias = (
-        _wrap(local, x, placements if wanted else everywhere, meta)
-        for local, meta, placements, wanted in zip(
-            outputs, expected, (x.placements, column_sums, column_sums),
-            (a["output_mask"][0], a["output_mask"][1] and a["weight"] is not None,
-             a["output_mask"][2] and a["bias"] is not None)))
-    return grad_input, grad_weight, grad_bias
+    grads = [_wrap(outputs[0], x, x.placements, expected[0])]
+    for local, meta, name, wanted in zip(outputs[1:], expected[1:], params, a["output_mask"][1:]):
+        grads.append(_wrap(local, x, column_sums if wanted and a[name] is not None else everywhere, meta))
+    return tuple(grads)
+
+
+# ------------------------------------------------------------------------------------- the gradient norm ----
+
+
+def _local_accumulators(tensors: list, order: float) -> torch.Tensor:
+    """Each DTensor's accumulator over the whole tensor, float64, the same on every rank: a 1-D tensor on the local
+    device. sum |x|^p for a finite non-zero order p (|x|^0 counted as non-zero for 0), max |x| for inf, min for -inf;
+    an empty shard gives the fold's identity."""
+    device = tensors[0].to_local().device
+    locals_ = [t.to_local() for t in tensors]
+    accumulators = torch.zeros(len(tensors), dtype=torch.float64, device=device)
+    if order == -math.inf:
+        accumulators.fill_(math.inf)
+    for complex_ in (False, True):  # dtype= float64 (exact counts and sums), complex128 for complex tensors
+        chosen = [i for i, t in enumerate(locals_) if t.is_complex() == complex_ and t.numel() > 0]
+        if chosen:
+            norms = torch.ops.reduce.foreach_norm([locals_[i] for i in chosen], order,
+                                                  torch.complex128 if complex_ else torch.float64)
+            accumulators[chosen] = torch.stack(norms)
+    if order not in (0.0, math.inf, -math.inf):
+        nonempty = torch.tensor([t.numel() > 0 for t in locals_], device=device)
+        accumulators = torch.where(nonempty, accumulators ** order, 0.0)  # an empty shard adds nothing
+    fold = _ACCUMULATOR_FOLDS.get(order, torch.add)
+    mesh = tensors[0].device_mesh
+    for mesh_dim in range(mesh.ndim):  # mesh dim by mesh dim, each group in rank order
+        split = [_splits(t.placements[mesh_dim]) for t in tensors]
+        if not any(split):
+            continue
+        parts = distributed._all_gather(accumulators, mesh.get_group(mesh_dim))
+        folded = parts[0]
+        for part in parts[1:]:
+            folded = fold(folded, part)
+        accumulators = torch.where(torch.tensor(split, device=device), folded, accumulators)
+    return accumulators
+
+
+_ACCUMULATOR_FOLDS = {math.inf: torch.maximum, -math.inf: torch.minimum}
+
+
+def _splits(placement) -> bool:
+    """Whether a placement splits a tensor's elements over its mesh dim: Shard, and _StridedShard (no Shard in
+    torch 2.14). A norm over every element does not depend on how they are split."""
+    return not (placement.is_replicate() or placement.is_partial())
+
+
+def _norm_of(accumulator: torch.Tensor, order: float) -> torch.Tensor:
+    return accumulator if order in (0.0, math.inf, -math.inf) else accumulator ** (1.0 / order)
+
+
+def _norm_list(func, tensors) -> list:
+    """The list's DTensors, checked (one mesh, no plain tensor), with Partial placements reduced."""
+    _require_dtensors(func, {f"tensors[{i}]": t for i, t in enumerate(tensors)})
+    return [t.redistribute(t.device_mesh, [Replicate() if p.is_partial() else p for p in t.placements])
+            if any(p.is_partial() for p in t.placements) else t for t in tensors]
+
+
+def _replicated(local: torch.Tensor, like: DTensor) -> DTensor:
+    return DTensor.from_local(local, like.device_mesh, [Replicate()] * like.device_mesh.ndim, run_check=False)
+
+
+def _foreach_norm_rule(cls, func, types, args, kwargs):
+    a = _arguments(func, args, kwargs)
+    order, dtype = float(a["ord"]), a["dtype"]
+    expected = torch.ops.reduce.foreach_norm([_meta(t) for t in a["tensors"]], order, dtype)  # torch's errors
+    tensors = _norm_list(func, a["tensors"])
+    norms = _norm_of(_local_accumulators(tensors, order), order)
+    return [_replicated(n.to(e.dtype, copy=True), t) for n, e, t in zip(norms, expected, tensors)]
+
+
+def _total_of(func, tensors, order: float) -> DTensor:
+    expected = torch.ops.reduce.total_norm([_meta(t) for t in tensors], order)  # torch's errors and dtype
+    tensors = _norm_list(func, tensors)
+    accumulators = _local_accumulators(tensors, order)
+    if order == 0.0:  # as torch: the number of tensors holding a non-zero
+        total = (accumulators != 0).sum(dtype=torch.float64)
+    elif order in (math.inf, -math.inf):
+        total = accumulators.max() if order > 0 else accumulators.min()
+    else:
+        total = accumulators[0]
+        for accumulator in accumulators[1:]:  # in list order, as the kernels fold
+            total = total + accumulator
+        total = _norm_of(total, order)
+    return _replicated(total.to(expected.dtype), tensors[0])
+
+
+def _total_norm_rule(cls, func, types, args, kwargs):
+    a = _arguments(func, args, kwargs)
+    return _total_of(func, a["tensors"], float(a["ord"]))
+
+
+def _clip_locals(func, grads, total_norm, max_norm: float) -> None:
+    _require_dtensors(func, {f"grads[{i}]": g for i, g in enumerate(grads)})
+    if isinstance(total_norm, DTensor):
+        total_norm = total_norm.full_tensor()
+    torch.ops.reduce.clip_grads_([g.to_local() for g in grads], total_norm, max_norm)
+
+
+def _clip_grads_rule(cls, func, types, args, kwargs):
+    a = _arguments(func, args, kwargs)
+    _clip_locals(func, a["grads"], a["total_norm"], a["max_norm"])
+
+
+def _clip_grad_norm_rule(cls, func, types, args, kwargs):
+    a = _arguments(func, args, kwargs)
+    total = _total_of(func, a["grads"], float(a["norm_type"]))
+    _clip_locals(func, a["grads"], total, a["max_norm"])
+    return total
 
 
 # ------------------------------------------------------------------------------------------------ helpers ----
@@ -222,14 +357,6 @@ def _check_placements(func, name, t: DTensor, shardable_dims) -> None:
                                   "here (redistribute it first)")
 
 
-def _check_layer_norm_placements(func, x, normalized_ndim, weight, bias) -> None:
-    """Rows may be sharded; a row's normalized dims, weight and bias must be whole on every rank."""
-    _check_placements(func, "input", x, shardable_dims=range(x.ndim - normalized_ndim))
-    for name, param in (("weight", weight), ("bias", bias)):
-        if param is not None:
-            _check_placements(func, name, param, shardable_dims=())
-
-
 def _shards_a_reduced_dim(x: DTensor, dims) -> bool:
     return any(type(p) is Shard and p.dim % x.ndim in dims for p in x.placements)
 
@@ -285,5 +412,10 @@ for _name in ("sum", "mean", "amax", "amin", "prod"):
     torch.library.register_torch_dispatch(f"reduce::{_name}", DTensor, _dim_reduction_rule)
 torch.library.register_torch_dispatch("reduce::vector_norm", DTensor, _vector_norm_rule)
 torch.library.register_torch_dispatch("reduce::var_mean", DTensor, _var_mean_rule)
-torch.library.register_torch_dispatch("reduce::layer_norm_fwd", DTensor, _layer_norm_fwd_rule)
-torch.library.register_torch_dispatch("reduce::layer_norm_bwd", DTensor, _layer_norm_bwd_rule)
+for _name in _ROW_NORMS:
+    torch.library.register_torch_dispatch(f"reduce::{_name}", DTensor,
+                                          _row_norm_bwd_rule if _name.endswith("_bwd") else _row_norm_fwd_rule)
+torch.library.register_torch_dispatch("reduce::foreach_norm", DTensor, _foreach_norm_rule)
+torch.library.register_torch_dispatch("reduce::total_norm", DTensor, _total_norm_rule)
+torch.library.register_torch_dispatch("reduce::clip_grads_", DTensor, _clip_grads_rule)
+torch.library.register_torch_dispatch("reduce::clip_grad_norm_", DTensor, _clip_grad_norm_rule)

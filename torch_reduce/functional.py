@@ -70,8 +70,9 @@ def _rms_weight(input: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional
     weight beside a float32 input, which torch multiplies in float64: the output may differ in the last bit)."""
     if weight is None or not weight.is_floating_point() or not input.is_floating_point():
         return weight  # None, or the op's own error for a non-floating dtype
-    compute = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
-    return weight if weight.dtype in (input.dtype, compute) else weight.to(compute)
+    # Comparisons, not `in (...)`: TorchScript compiles this function for a scripted RMSNorm.
+    compute = torch.float32 if input.dtype == torch.float16 or input.dtype == torch.bfloat16 else input.dtype
+    return weight if weight.dtype == input.dtype or weight.dtype == compute else weight.to(compute)
 
 
 def rms_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[torch.Tensor] = None,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .functional import layer_norm, rms_norm
+from .functional import _rms_weight, layer_norm, rms_norm
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -11,6 +11,8 @@ class LayerNorm(torch.nn.LayerNorm):
     reset_parameters and repr (it is a subclass), so torch checkpoints load unchanged."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():  # TorchScript compiles this branch alone: it cannot call the C entry point
+            return torch.ops.reduce.layer_norm_fwd(input, self.normalized_shape, self.weight, self.bias, self.eps)[0]
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
@@ -19,6 +21,9 @@ class RMSNorm(torch.nn.RMSNorm):
     reset_parameters and repr (it is a subclass)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():  # as LayerNorm's
+            return torch.ops.reduce.rms_norm_fwd(input, self.normalized_shape, _rms_weight(input, self.weight),
+                                                 self.eps)[0]
         return rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
@@ -27,7 +32,11 @@ def _transformers_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.T
     back to the input's dtype, then multiply by the weight, so the result has promote(weight, input)'s dtype.
     That is one fused call where weight and input share a dtype; else the normalization is fused and the
     product is torch's, as there. Autocast does not touch their forward (no op in it casts), so it is off
-    for ours too."""
+    for ours too. TorchScript cannot switch autocast off (it wants the device as a constant), so a scripted
+    model holding such a module raises when the module runs."""
+    if torch.jit.is_scripting():
+        raise RuntimeError("torch_reduce: a converted transformers-style RMSNorm does not run under TorchScript (it "
+                           "switches autocast off, which TorchScript cannot); script the unconverted model")
     weight = self.weight
     shape = hidden_states.shape[-1:]
     with torch.autocast(hidden_states.device.type, enabled=False):

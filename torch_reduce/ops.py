@@ -53,7 +53,7 @@ _C10_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", tor
 _WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)  # sums and products to int64, as the others
 _REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
          torch.int32, torch.int64, torch.bool) + _WIDE_UNSIGNED
-_COMPLEX = (torch.complex64, torch.complex128)  # sum, mean, vector_norm and var_mean
+_COMPLEX = (torch.complex64, torch.complex128)  # sum, mean and vector_norm (which takes complex32 too)
 
 
 def _c10_name(dtype: torch.dtype) -> str:
@@ -72,8 +72,11 @@ def _check_dtype(name: str, dtype: torch.dtype) -> None:
             raise NotImplementedError(f"torch_reduce.prod does not take complex inputs ({_c10_name(dtype)}); "
                                       "torch.prod does")
         return
+    if dtype == torch.complex32 and name == "vector_norm":
+        return
     raise RuntimeError(f"{name}: unsupported dtype {_c10_name(dtype)}; expected float32, float64, float16, bfloat16, "
-                       "an integer type, bool, or (sum, mean, vector_norm) complex64 or complex128")
+                       "an integer type, bool, complex64 or complex128 (sum, mean, vector_norm), or complex32 "
+                       "(vector_norm)")
 
 
 _LAYOUT_NAMES = {torch.sparse_coo: "torch.sparse_coo", torch.sparse_csr: "torch.sparse_csr",
@@ -140,22 +143,28 @@ def _result_dtype(name: str, t: torch.Tensor, dtype) -> torch.dtype:
                                f"or complex dtype. Got: {_c10_name(out)}")
         return out
     if name == "vector_norm":
-        complex_input = t.dtype.is_complex
-        if not (t.dtype.is_floating_point or complex_input):
-            raise RuntimeError("linalg.vector_norm: Expected a floating point or complex tensor as input. "
-                               f"Got {_C10_NAMES.get(t.dtype, t.dtype)}")
-        if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
-            raise RuntimeError("linalg.vector_norm: dtype should be floating point or complex, but got "
-                               f"{_C10_NAMES.get(dtype, dtype)}")
-        if dtype is not None and dtype.is_complex != complex_input:
-            kind = "complex" if complex_input else "real"
-            raise RuntimeError(f"linalg.vector_norm: dtype should be {kind} for {kind} inputs, but got "
-                               f"{_c10_name(dtype)}")
-        if dtype is not None and torch.promote_types(t.dtype, dtype) != dtype:
-            raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({_c10_name(t.dtype)}) should be "
-                               f"convertible without narrowing to the specified dtype ({_c10_name(dtype)})")
+        _check_vector_norm_dtypes(t.dtype, dtype)
         return (dtype or t.dtype).to_real()  # a complex input's norm is real
     return t.dtype
+
+
+def _check_vector_norm_dtypes(input: torch.dtype, dtype) -> None:
+    """check_vector_norm_dtypes in csrc/dim_reduce.cpp: linalg.vector_norm's input and dtype= rules."""
+    if not (input.is_floating_point or input.is_complex):
+        raise RuntimeError("linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                           f"Got {_c10_name(input)}")
+    if dtype is None:
+        return
+    if not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError("linalg.vector_norm: dtype should be floating point or complex, but got "
+                           f"{_c10_name(dtype)}")
+    if dtype.is_complex != input.is_complex:
+        kind = "complex" if input.is_complex else "real"
+        raise RuntimeError(f"linalg.vector_norm: dtype should be {kind} for {kind} inputs, but got "
+                           f"{_c10_name(dtype)}")
+    if torch.promote_types(input, dtype) != dtype:
+        raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({_c10_name(input)}) should be "
+                           f"convertible without narrowing to the specified dtype ({_c10_name(dtype)})")
 
 
 def _reduction_fake(name: str, t, dim, keepdim, dtype=None, ord=2.0):
@@ -223,9 +232,10 @@ _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)  # var_m
 def _var_mean_fake(input, dim=None, *, correction=None, keepdim=False):
     # var_mean_problem's checks (csrc/layernorm.cpp), in its order and words; then torch.var_mean's own meta
     # function gives the shape; ours are contiguous.
-    if input.dtype not in _FLOATS + _COMPLEX:
+    if input.dtype not in _FLOATS and not input.dtype.is_complex:
         raise RuntimeError("reduce::var_mean: var_mean only support floating point and complex dtypes (float32, "
-                           f"float64, float16, bfloat16, complex64, complex128), got {_c10_name(input.dtype)}")
+                           f"float64, float16, bfloat16, complex32, complex64, complex128), got "
+                           f"{_c10_name(input.dtype)}")
     _reduced_dims("var_mean", input, dim)  # at::dim_list_to_bitset's words, not torch's meta function's
     var, _ = torch.var_mean(input, dim=dim or None, correction=correction, keepdim=keepdim)
     return input.new_empty(var.shape, dtype=var.dtype), input.new_empty(var.shape)  # a complex input's var is real
@@ -377,23 +387,14 @@ def _add_rms_norm_fwd_fake(input, residual, normalized_shape, weight, eps=None):
 # ------------------------------------------------------------------------------------- the gradient norm ----
 # What csrc/grad_norm.cpp checks, in the same order and words.
 
-def _check_norm_list(op: str, tensors, ord: float, dtype) -> None:
+def _check_norm_list(tensors, ord: float, dtype) -> None:
     if len(tensors) == 0:
         raise RuntimeError("Tensor list must have at least one tensor.")
     for t in tensors:
-        if t.dtype.is_complex:
-            raise NotImplementedError(f"{op} does not take complex inputs ({_c10_name(t.dtype)}); "
-                                      "torch._foreach_norm does")
-        if t.dtype not in _FLOATS:
+        if t.dtype not in _FLOATS and not t.dtype.is_complex:
             raise RuntimeError("linalg.vector_norm: Expected a floating point or complex tensor as input. "
                                f"Got {_c10_name(t.dtype)}")
-        if dtype is not None:
-            if not dtype.is_floating_point:
-                raise RuntimeError("linalg.vector_norm: dtype should be floating point or complex, but got "
-                                   f"{_c10_name(dtype)}")
-            if torch.promote_types(t.dtype, dtype) != dtype:
-                raise RuntimeError(f"linalg.vector_norm: the dtype of the input ({_c10_name(t.dtype)}) should be "
-                                   f"convertible without narrowing to the specified dtype ({_c10_name(dtype)})")
+        _check_vector_norm_dtypes(t.dtype, dtype)
         if t.numel() == 0 and ord == math.inf:
             raise RuntimeError("_foreach_norm cannot compute the infinity norm on an empty tensor because the "
                                "operation does not have an identity")
@@ -413,20 +414,20 @@ def _real(t: torch.Tensor) -> bool:
 
 @torch.library.register_fake("reduce::foreach_norm")
 def _foreach_norm_fake(tensors, ord=2.0, dtype=None):
-    _check_norm_list("reduce::foreach_norm", tensors, ord, dtype)
+    _check_norm_list(tensors, ord, dtype)
     real = [t for t in tensors if _real(t)]
     norms = iter(torch.ops.reduce.foreach_norm(real, ord, dtype) if real else [])
-    return [next(norms) if _real(t) else t.new_empty((), dtype=dtype or t.dtype) for t in tensors]
+    return [next(norms) if _real(t) else t.new_empty((), dtype=(dtype or t.dtype).to_real()) for t in tensors]
 
 
 @torch.library.register_fake("reduce::total_norm")
 def _total_norm_fake(tensors, ord=2.0):
-    _check_norm_list("reduce::total_norm", tensors, ord, None)
+    _check_norm_list(tensors, ord, None)
     if _real(tensors[0]):  # torch stacks each device's norm on the first tensor's device
         raise NotImplementedError(_NO_DATA)
-    result_dtype = tensors[0].dtype
+    result_dtype = tensors[0].dtype.to_real()
     for t in tensors:
-        result_dtype = torch.promote_types(result_dtype, t.dtype)
+        result_dtype = torch.promote_types(result_dtype, t.dtype.to_real())
     return tensors[0].new_empty((), dtype=result_dtype)
 
 
@@ -434,9 +435,9 @@ def _check_grads(op: str, grads) -> None:
     if len(grads) == 0:
         raise RuntimeError("Tensor list must have at least one tensor.")
     for g in grads:
-        if g.dtype not in _FLOATS:
-            raise RuntimeError(f"{op}: expected float32, float64, float16 or bfloat16 gradients, got "
-                               f"{_c10_name(g.dtype)}")
+        if g.dtype not in _FLOATS and not g.dtype.is_complex:
+            raise RuntimeError(f"{op}: expected floating point or complex gradients (float32, float64, float16, "
+                               f"bfloat16, complex32, complex64, complex128), got {_c10_name(g.dtype)}")
 
 
 @torch.library.register_fake("reduce::clip_grad_norm_")

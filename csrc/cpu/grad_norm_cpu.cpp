@@ -58,15 +58,16 @@ std::vector<at::Tensor> dense_list(at::TensorList tensors, const char* op) {
 
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
   const char* op = "reduce::foreach_norm";
-  check_norm_list(tensors, ord, dtype, op);
-  const std::vector<at::Tensor> dense = dense_list(tensors, op);
+  check_norm_list(tensors, ord, dtype);
+  const NormOperands real = real_operands(tensors, ord, dtype);
+  const std::vector<at::Tensor> dense = dense_list(real.tensors, op);
   std::vector<at::Tensor> norms;
   norms.reserve(tensors.size());
   with_norm_ops<double>(ord, [&](auto ops) {
     const std::vector<double> accumulators = tensor_accumulators(dense, ops);
     for (size_t i = 0; i < dense.size(); ++i) {
       const double norm = project_result(ops, accumulators[i]);
-      norms.push_back(at::scalar_tensor(norm, tensors[i].options().dtype(dtype.value_or(tensors[i].scalar_type()))));
+      norms.push_back(at::scalar_tensor(norm, dense[i].options().dtype(real.dtype.value_or(dense[i].scalar_type()))));
     }
   });
   return norms;
@@ -74,8 +75,8 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
 
 at::Tensor total_norm(at::TensorList tensors, double ord) {
   const char* op = "reduce::total_norm";
-  check_norm_list(tensors, ord, std::nullopt, op);
-  const std::vector<at::Tensor> dense = dense_list(tensors, op);
+  check_norm_list(tensors, ord, std::nullopt);
+  const std::vector<at::Tensor> dense = dense_list(real_operands(tensors, ord, std::nullopt).tensors, op);
   double total = 0;
   with_norm_ops<double>(ord, [&](auto ops) {
     double acc = decltype(ops)::identity();

@@ -436,10 +436,12 @@ void for_each_device(at::TensorList tensors, const char* op, F&& f) {
 
 std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
   const char* op = "reduce::foreach_norm";
-  check_norm_list(tensors, ord, dtype, op);
+  check_norm_list(tensors, ord, dtype);
+  const NormOperands real = real_operands(tensors, ord, dtype);
   std::vector<at::Tensor> norms(tensors.size());
-  for_each_device(tensors, op, [&](at::Device device, const std::vector<int64_t>& positions) {
-    const std::vector<at::Tensor> group = select(tensors, positions);
+  for_each_device(real.tensors, op, [&](at::Device device, const std::vector<int64_t>& positions) {
+    const std::vector<at::Tensor> group = select(real.tensors, positions);
+    const std::optional<at::ScalarType> dtype = real.dtype;
     std::vector<at::Tensor> group_norms;
     if (device.is_cpu()) {
       group_norms = cpu::foreach_norm(group, ord, dtype);
@@ -463,11 +465,12 @@ std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, st
 
 at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
   const char* op = "reduce::total_norm";
-  check_norm_list(tensors, ord, std::nullopt, op);
+  check_norm_list(tensors, ord, std::nullopt);
   const at::ScalarType result_type = total_norm_dtype(tensors);
+  const std::vector<at::Tensor> real = real_operands(tensors, ord, std::nullopt).tensors;
   std::vector<at::Tensor> totals;
-  for_each_device(tensors, op, [&](at::Device device, const std::vector<int64_t>& positions) {
-    const std::vector<at::Tensor> group = select(tensors, positions);
+  for_each_device(real, op, [&](at::Device device, const std::vector<int64_t>& positions) {
+    const std::vector<at::Tensor> group = select(real, positions);
     if (device.is_cpu()) {
       totals.push_back(cpu::total_norm(group, ord).to(result_type));
       return;
@@ -491,8 +494,9 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
 void clip_grads_cuda(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {
   const char* op = "reduce::clip_grads_";
   check_clip_grads(grads, total_norm, op);
-  for_each_device(grads, op, [&](at::Device device, const std::vector<int64_t>& positions) {
-    const std::vector<at::Tensor> group = select(grads, positions);
+  const std::vector<at::Tensor> views = real_views(grads);
+  for_each_device(views, op, [&](at::Device device, const std::vector<int64_t>& positions) {
+    const std::vector<at::Tensor> group = select(views, positions);
     if (device.is_cpu()) {
       cpu::clip_grads_(group, total_norm, max_norm);
       return;
@@ -511,24 +515,28 @@ void clip_grads_cuda(at::TensorList grads, const at::Tensor& total_norm, double 
   });
 }
 
-// One CUDA device and dense gradients (the common case): one pass over the list checks it and builds the tables
-// that both the norm's and the scaling's launches read. Any other list: total_norm, then clip_grads_.
+// One CUDA device and dense real gradients, or complex ones at order 2 (the common case): one pass over the list
+// checks it and builds the tables that both the norm's and the scaling's launches read. Any other list:
+// total_norm, then clip_grads_.
 at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double norm_type) {
-  check_norm_list(grads, norm_type, std::nullopt, "reduce::clip_grad_norm_");
+  check_norm_list(grads, norm_type, std::nullopt);
   const at::Device device = grads[0].device();
   bool one_dense_cuda_list = device.is_cuda();
-  at::ScalarType total_type = grads[0].scalar_type();  // total_norm_dtype's promotion, in the same pass
+  bool complex = false;
+  at::ScalarType total_type = c10::toRealValueType(grads[0].scalar_type());  // total_norm_dtype's, in the same pass
   for (const at::Tensor& g : grads) {
     one_dense_cuda_list = one_dense_cuda_list && g.device() == device && g.is_non_overlapping_and_dense();
-    total_type = at::promoteTypes(total_type, g.scalar_type());
+    complex = complex || g.is_complex();
+    total_type = at::promoteTypes(total_type, c10::toRealValueType(g.scalar_type()));
   }
-  if (!one_dense_cuda_list) return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type);
+  if (!one_dense_cuda_list || (complex && norm_type != 2))
+    return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type);
   const bool wide = total_type == at::kDouble;  // only float types reach here: double iff one is double
   const c10::cuda::CUDAGuard guard(device);
   check_kernel_image_for_current_device();
   const at::Tensor total = at::empty({}, grads[0].options().dtype(total_type));
   with_tuning([&](auto tuning) {
-    const ListTables<decltype(tuning)> lists(grads);
+    const ListTables<decltype(tuning)> lists(complex ? at::TensorList(real_views(grads)) : grads);
     launch_norms(lists, device, norm_type, wide, {}, total);
     launch_clip_scale(lists, total, max_norm);
   });

@@ -8,14 +8,18 @@
 train  A GPT-style decoder (bench/models.py) converted with torch_reduce.nn.convert_layernorm trains beside the
        same model unconverted: the same initial weights, the same data (each rank its own slice of every global
        batch), AdamW, under DDP and under FSDP2 (fully_shard on each block and on the root), in float32 and under
-       bf16 autocast. Pass: each step's global mean loss and all parameters together within the mode's
-       norm-wise relative tolerance, each parameter within its own (as in tests/test_training.py).
+       bf16 autocast; each step clips the gradients to a global norm of 0.25 (torch.nn.utils.clip_grad_norm_ for the
+       unconverted model, torch_reduce.clip_grad_norm_ for ours: FSDP2's gradients are sharded DTensors). Pass:
+       each step's global mean loss and gradient norm, and all parameters together, within the mode's norm-wise
+       relative tolerance, each parameter within its own (as in tests/test_training.py).
        Writes distributed_training.json and .md; exits 1 when a check fails.
 bench  One DDP training step of the converted and of the unconverted model (the same run, alternate steps, CUDA
-       events, medians after warm-up; the slowest rank's median), and a global var_mean over world x 2^28 float32
+       events, medians after warm-up; the slowest rank's median); a global var_mean over world x 2^28 float32
        (2^28 a rank): torch_reduce.distributed.var_mean against torch's all_gather_into_tensor + torch.var_mean,
-       both checked against float64. Writes distributed_bench.json and .md; exits 1 when torch_reduce's
-       var or mean is off float64 by more than 1e-5 (relative).
+       both checked against float64; and clip_grad_norm_ on GPT-2 small's gradients sharded as FSDP2 shards them
+       (DTensors, Shard(0)), ours against torch's (foreach=True), every call scaling. --bench-items picks among
+       them. Writes distributed_bench.json and .md; exits 1 when torch_reduce's var or mean or total norm is off
+       float64 by more than 1e-5 (relative).
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 import torch_reduce
@@ -46,6 +50,7 @@ from .context import Context, gpu_slug
 from .models import TinyGPT
 
 PARTS = ("train", "bench")
+BENCH_ITEMS = ("ddp", "var_mean", "clip")
 STRATEGIES = ("ddp", "fsdp2")
 # Norm-wise relative tolerances of tests/test_training.py: on every loss and on all parameters together, and
 # on each parameter alone (AdamW turns the rounding of a near-zero gradient element into a whole step).
@@ -54,6 +59,7 @@ PARAMETER_TOLERANCE = {"float32": 1e-4, "bf16_autocast": 2e-2}
 MODES = tuple(TOLERANCE)
 IMPLS = ("torch", "torch_reduce")  # the unconverted model (or torch's reduction), then ours
 LR = 1e-3
+MAX_GRAD_NORM = 0.25  # under the decoder's gradient norms (0.80-0.86 in 20 steps of the CI's small one): steps clip
 VAR_MEAN_TOLERANCE = 1e-5  # relative to float64, for var and for mean
 # all_gather_into_tensor under its newer name where torch has it (the old name warns there).
 all_gather_into_tensor = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -97,15 +103,21 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-12)).item()
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, mode: str) -> torch.Tensor:
-    """One optimizer step on next-token prediction; returns this rank's loss."""
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, mode: str,
+               clip: Optional[Callable] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One optimizer step on next-token prediction, the gradients clipped by ``clip`` (a clip_grad_norm_) when
+    given; returns this rank's loss and the global gradient norm before clipping."""
     optimizer.zero_grad()
     with _autocast(mode, batch.device):
         logits = model(batch[:, :-1])
     loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
     loss.backward()
+    norm = None
+    if clip is not None:
+        norm = clip(model.parameters(), MAX_GRAD_NORM)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
     optimizer.step()
-    return loss.detach()
+    return loss.detach(), norm
 
 
 # ------------------------------------------------------------------------------------------- train ----
@@ -140,12 +152,15 @@ def distribute(model: nn.Module, strategy: str, group: Group, mesh) -> nn.Module
     return model
 
 
-def train(model: nn.Module, batches: torch.Tensor, mode: str, group: Group) -> list[float]:
-    """AdamW steps, one a batch; the global mean loss of each step."""
+def train(model: nn.Module, batches: torch.Tensor, mode: str, group: Group,
+          clip: Callable) -> tuple[list[float], list[float]]:
+    """AdamW steps, one a batch, the gradients clipped by ``clip``; the global mean loss and the global gradient
+    norm of each step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    total = torch.stack([train_step(model, optimizer, batch, mode) for batch in batches]).double()
+    losses, norms = zip(*(train_step(model, optimizer, batch, mode, clip) for batch in batches))
+    total = torch.stack(losses).double()
     dist.all_reduce(total)  # a sum: gloo has no average
-    return (total / group.world).tolist()
+    return (total / group.world).tolist(), torch.stack(norms).double().tolist()
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -168,26 +183,30 @@ def training_check(strategy: str, mode: str, group: Group, mesh, args) -> dict:
     converted = sum(isinstance(m, torch_reduce.nn.LayerNorm) for m in ours.modules())
     left = sum(type(m) is nn.LayerNorm for m in ours.modules())
     batches = rank_batches(group, config, args.steps, args.batch, args.seed + 1)
-    losses, parameters = {}, {}
-    for impl, model in zip(IMPLS, (reference, ours)):
+    losses, norms, parameters = {}, {}, {}
+    clips = (torch.nn.utils.clip_grad_norm_, torch_reduce.clip_grad_norm_)
+    for impl, model, clip in zip(IMPLS, (reference, ours), clips):
         model = distribute(model, strategy, group, mesh)
-        losses[impl] = train(model, batches, mode, group)
+        losses[impl], norms[impl] = train(model, batches, mode, group, clip)
         parameters[impl] = full_parameters(model)
     tol, parameter_tol = TOLERANCE[mode], PARAMETER_TOLERANCE[mode]
     loss_diffs = [abs(a - b) for a, b in zip(losses["torch_reduce"], losses["torch"])]
+    norm_diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norms["torch_reduce"], norms["torch"])]
     want, got = parameters["torch"], parameters["torch_reduce"]
     every = [torch.cat([p.double().flatten() for p in side.values()]) for side in (got, want)]
     each = {name: _relative(got[name], want[name]) for name in want}
     worst = max(each, key=each.get)
     record = {
         "strategy": strategy, "mode": mode, "steps": args.steps, "tolerance": tol, "parameter_tolerance": parameter_tol,
-        "layernorms_converted": converted, "layernorms_left": left, "losses": losses,
+        "layernorms_converted": converted, "layernorms_left": left, "losses": losses, "grad_norms": norms,
+        "steps_clipped": sum(n > MAX_GRAD_NORM for n in norms["torch"]),
         "loss_rel_diff_max": max(d / max(abs(b), 1e-12) for d, b in zip(loss_diffs, losses["torch"])),
-        "loss_abs_diff_max": max(loss_diffs),
+        "loss_abs_diff_max": max(loss_diffs), "grad_norm_rel_diff_max": max(norm_diffs),
         "parameters_rel_diff": _relative(*every), "parameter_abs_diff_max": (every[0] - every[1]).abs().max().item(),
         "worst_parameter": worst, "worst_parameter_rel_diff": each[worst],
     }
     record["passed"] = (converted > 0 and left == 0 and record["loss_rel_diff_max"] <= tol
+                        and record["grad_norm_rel_diff_max"] <= tol and record["steps_clipped"] > 0
                         and record["parameters_rel_diff"] <= tol and each[worst] <= parameter_tol)
     return record
 
@@ -195,13 +214,15 @@ def training_check(strategy: str, mode: str, group: Group, mesh, args) -> dict:
 def training_report(records: list[dict], meta: dict) -> str:
     lines = [f"## Converted vs unconverted decoder under torch.distributed ({meta['world_size']} ranks, "
              f"{meta['backend']}, {meta['device']})", "",
-             f"Model {meta['model']}, {meta['batch_per_rank']} sequences a rank, AdamW lr {LR}. Relative differences "
-             "are norm-wise: each step's global mean loss; all parameters together; the worst single parameter.", "",
-             "| strategy | mode | steps | loss rel diff (max) | params rel diff | worst parameter | tol / param tol | "
-             "LayerNorms converted | result |",
-             "|---|---|---:|---:|---:|---|---:|---:|---|"]
+             f"Model {meta['model']}, {meta['batch_per_rank']} sequences a rank, AdamW lr {LR}, gradients clipped "
+             f"to a norm of {MAX_GRAD_NORM}. Relative differences are norm-wise: each step's global mean loss and "
+             "gradient norm; all parameters together; the worst single parameter.", "",
+             "| strategy | mode | steps (clipped) | loss rel diff (max) | grad norm rel diff (max) | params rel diff | "
+             "worst parameter | tol / param tol | LayerNorms converted | result |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for r in records:
-        lines.append(f"| {r['strategy']} | {r['mode']} | {r['steps']} | {r['loss_rel_diff_max']:.2e} | "
+        lines.append(f"| {r['strategy']} | {r['mode']} | {r['steps']} ({r['steps_clipped']}) | "
+                     f"{r['loss_rel_diff_max']:.2e} | {r['grad_norm_rel_diff_max']:.2e} | "
                      f"{r['parameters_rel_diff']:.2e} | {r['worst_parameter']} {r['worst_parameter_rel_diff']:.2e} | "
                      f"{r['tolerance']:.0e} / {r['parameter_tolerance']:.0e} | {r['layernorms_converted']} | "
                      f"{'PASS' if r['passed'] else 'FAIL'} |")
@@ -219,7 +240,8 @@ def run_training(group: Group, ctx: Context, args) -> bool:
             records.append(record)
             if group.rank == 0:
                 print(f"{'PASS' if record['passed'] else 'FAIL'} {strategy} {mode}: losses "
-                      f"{record['loss_rel_diff_max']:.2e}, parameters {record['parameters_rel_diff']:.2e}, worst "
+                      f"{record['loss_rel_diff_max']:.2e}, gradient norms {record['grad_norm_rel_diff_max']:.2e} "
+                      f"({record['steps_clipped']} steps clipped), parameters {record['parameters_rel_diff']:.2e}, worst "
                       f"{record['worst_parameter']} {record['worst_parameter_rel_diff']:.2e}", flush=True)
                 # Written after every check: a later one that crashes leaves the earlier ones on disk.
                 meta["passed"] = all(r["passed"] for r in records)
@@ -288,6 +310,41 @@ def step_time(width: int, mode: str, group: Group, args) -> dict:
             "speedup": ms["torch"] / ms["torch_reduce"], "samples": args.bench_steps, "warmup": args.bench_warmup}
 
 
+def sharded_clip(group: Group, args) -> dict:
+    """clip_grad_norm_ on GPT-2 small's 148 gradients (124 M float32) sharded as FSDP2 shards them (Shard(0) of each
+    over the ranks), torch's (foreach=True) and ours on the same gradients, every call scaling them (max_norm 0.9
+    of the norm: gradnorm.MaxNorms); both totals checked against the float64 norm of the whole gradients first."""
+    from .gradnorm import CLIP_RATIO, MaxNorms, gpt2_small_shapes
+    mesh = init_device_mesh(group.device.type, (group.world,))
+    generator = torch.Generator(group.device).manual_seed(args.seed)  # the same whole gradients on every rank
+    params, squares = [], []
+    for shape in gpt2_small_shapes():
+        whole = torch.randn(shape, device=group.device, generator=generator)
+        squares.append(whole.double().square().sum())
+        p = nn.Parameter(distribute_tensor(torch.empty(shape, device=group.device), mesh, [Shard(0)]))
+        p.grad = distribute_tensor(whole, mesh, [Shard(0)])
+        params.append(p)
+    grads = [p.grad for p in params]
+    exact = torch.stack(squares).sum().sqrt().item()
+    rel_error = {impl: abs(total(grads).full_tensor().item() - exact) / exact for impl, total in
+                 (("torch", torch.nn.utils.get_total_norm), ("torch_reduce", torch_reduce.get_total_norm))}
+    max_norm = MaxNorms([params], CLIP_RATIO)
+    fns = {"torch": lambda: torch.nn.utils.clip_grad_norm_(params, max_norm(params), foreach=True),
+           "torch_reduce": lambda: torch_reduce.clip_grad_norm_(params, max_norm(params))}
+
+    def together():  # each sample starts with every rank ready
+        dist.barrier()
+        _synchronize(group.device)
+
+    per_rank = every_rank(median_ms(fns, group.device, args.bench_warmup, args.bench_steps, together), group)
+    ms = {impl: max(per_rank[impl]) for impl in IMPLS}
+    return {"what": "fsdp2_clip", "tensors": len(params), "elements": sum(g.numel() for g in grads),
+            "dtype": "float32", "median_ms": ms, "per_rank_median_ms": per_rank,
+            "speedup": ms["torch"] / ms["torch_reduce"], "total_rel_error_vs_float64": rel_error,
+            "accurate": {impl: e <= 1e-5 for impl, e in rel_error.items()}, "samples": args.bench_steps,
+            "warmup": args.bench_warmup}
+
+
 def _torch_reduce_distributed():
     """torch_reduce.distributed, or None and why (it may not exist yet in this tree)."""
     try:
@@ -352,6 +409,11 @@ def bench_report(records: list[dict], meta: dict) -> str:
             what = f"DDP step, {r['mode']}, width {m['width']}"
             notes = (f"{m['layers']} layers, {m['heads']} heads, context {m['context']}, vocab {m['vocab']}, "
                      f"{r['tokens_per_rank']} tokens a rank")
+        elif r["what"] == "fsdp2_clip":
+            what = f"clip_grad_norm_, GPT-2 small's gradients sharded over {meta['world_size']} ranks (FSDP2)"
+            errors = "; ".join(f"{impl} {e:.1e}" for impl, e in r["total_rel_error_vs_float64"].items())
+            notes = (f"{r['tensors']} DTensors, {r['elements']:,} float32, Shard(0); every call scales; the total's "
+                     f"rel. error vs float64: {errors}")
         else:
             what = f"global var_mean, {meta['world_size']} x {r['numel_per_rank']} float32"
             errors = "; ".join(f"{impl} var {e['var']:.1e} mean {e['mean']:.1e}"
@@ -364,18 +426,21 @@ def bench_report(records: list[dict], meta: dict) -> str:
 def run_bench(group: Group, ctx: Context, args) -> bool:
     meta = {"part": "bench", "device": group.device.type, "backend": group.backend, "world_size": group.world}
     records = []
-    for width in args.bench_widths:
+    for width in args.bench_widths if "ddp" in args.bench_items else ():
         for mode in args.modes:
             records.append(step_time(width, mode, group, args))
             if group.device.type == "cuda":
                 torch.cuda.empty_cache()  # the next models get the memory back
-    records.append(global_var_mean(group, args))
+    if "var_mean" in args.bench_items:
+        records.append(global_var_mean(group, args))
+    if "clip" in args.bench_items:
+        records.append(sharded_clip(group, args))
     if group.rank == 0:
         ctx.write_json("distributed_bench", records, meta)
         text = bench_report(records, meta)
         ctx.write_text("distributed_bench.md", text + "\n")
         print(text, flush=True)
-    return records[-1]["accurate"].get("torch_reduce", True)  # torch's figure is reported, not judged
+    return all(r.get("accurate", {}).get("torch_reduce", True) for r in records)  # torch's reported, not judged
 
 
 # -------------------------------------------------------------------------------------------- main ----
@@ -412,6 +477,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     train.add_argument("--layers", type=int, default=2)
     train.add_argument("--context", type=int, default=64)
     bench = parser.add_argument_group("bench")
+    bench.add_argument("--bench-items", type=_names(BENCH_ITEMS), default=list(BENCH_ITEMS),
+                       help=f"comma-separated, of {BENCH_ITEMS}")
     bench.add_argument("--bench-widths", type=_ints, default=[1024, 2048])
     bench.add_argument("--bench-heads", type=int, default=16)
     bench.add_argument("--bench-layers", type=int, default=4)
