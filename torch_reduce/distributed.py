@@ -29,8 +29,6 @@ __all__ = ["sum", "var_mean"]
 
 Dims = Union[int, Sequence[int], None]
 _HALF_FLOATS = (torch.float16, torch.bfloat16)
-# torch 2.14 renamed all_gather_into_tensor (2.11's name, deprecated since) to all_gather_single.
-_all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 
 
 def sum(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,  # noqa: A001  (torch's name)
@@ -94,9 +92,13 @@ def _all_gather(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Te
     """Every rank's ``t`` stacked in rank order: shape (world size, *t.shape)."""
     if not dist.is_available():
         raise RuntimeError("torch_reduce.distributed needs torch.distributed, which this build of torch lacks")
+    from torch.distributed import _functional_collectives as collectives
+    group = group or dist.group.WORLD
     world = dist.get_world_size(group)
-    gathered = t.new_empty(world * t.numel())  # gloo gathers flat shards only, concatenated
-    _all_gather_single(gathered, t.reshape(-1), group=group)
+    # A functional collective (what DTensor itself calls), so that torch.compile traces it: the in-place
+    # all_gather_into_tensor broke Inductor's graph ("'__eq__' is not implemented for ProcessGroup"). Flat shards:
+    # gloo gathers them concatenated only.
+    gathered = collectives.all_gather_tensor(t.reshape(-1), 0, group)
     return gathered.view(world, *t.shape)
 
 
