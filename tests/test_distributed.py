@@ -145,8 +145,9 @@ def _bits(t):
 def is_close(result, ref, dtype, scale=0.0):
     """|result - ref| <= rtol |ref| + stol scale elementwise (NaN matching NaN, inf matching inf); ``dtype``
     names the (rtol, stol) in TOL, or is that pair."""
-    rtol, stol = TOL[dtype] if isinstance(dtype, torch.dtype) else dtype
-    result, ref = result.detach().cpu().double(), ref.detach().cpu().double()
+    rtol, stol = TOL[dtype.to_real()] if isinstance(dtype, torch.dtype) else dtype
+    wide = torch.complex128 if result.is_complex() or ref.is_complex() else torch.float64
+    result, ref = result.detach().cpu().to(wide), ref.detach().cpu().to(wide)
     scale = scale.detach().cpu().double() if isinstance(scale, torch.Tensor) else scale
     if result.shape != ref.shape:
         return False
@@ -191,14 +192,17 @@ def check_sum(ctx, dims, dtype, rows):
 
 
 def check_var_mean(ctx, dims, dtype, rows):
-    x = ctx.own_shard(rows, dtype)
-    full = torch.cat(ctx.gather(x)).double()
+    if dtype.is_complex:  # the real and imaginary parts centred apart too
+        x = torch.complex(*(ctx.own_shard(rows, torch.float64) for _ in range(2))).to(dtype)
+    else:
+        x = ctx.own_shard(rows, dtype)
+    full = torch.cat(ctx.gather(x)).to(torch.complex128 if dtype.is_complex else torch.float64)
     for correction in (0, 1, 0.5, 2):
         for keepdim in (False, True):
             var, mean = ctx.same_everywhere_and_twice(
                 lambda: reduce_dist.var_mean(x, dims, correction=correction, keepdim=keepdim))
             ref_var, ref_mean = torch.var_mean(full, dim=dims, correction=correction, keepdim=keepdim)
-            assert var.dtype == mean.dtype == dtype and var.device == x.device
+            assert var.dtype == dtype.to_real() and mean.dtype == dtype and var.device == x.device
             what = f"correction={correction}, keepdim={keepdim}"
             assert_close(var, ref_var, dtype, what=f"var, {what}")
             assert_close(mean, ref_mean, dtype, scale=torch.mean(full.abs(), dim=dims, keepdim=keepdim),
@@ -210,7 +214,7 @@ for _dims in DIMS:
         for _dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int32):
             CASES[f"sum[dim={_dims}, {_dtype}, {_rows_name}]"] = functools.partial(check_sum, dims=_dims,
                                                                                    dtype=_dtype, rows=_rows)
-        for _dtype in (torch.float32, torch.float64, torch.bfloat16):
+        for _dtype in (torch.float32, torch.float64, torch.bfloat16, torch.complex64):
             CASES[f"var_mean[dim={_dims}, {_dtype}, {_rows_name}]"] = functools.partial(
                 check_var_mean, dims=_dims, dtype=_dtype, rows=_rows)
 
@@ -269,8 +273,6 @@ def check_errors(ctx):
         reduce_dist.var_mean(x, (0, 2))
     with pytest.raises(RuntimeError, match="floating point"):
         reduce_dist.var_mean(x.int(), 0)
-    with pytest.raises(NotImplementedError, match="does not take complex inputs"):  # the fold is for real moments
-        reduce_dist.var_mean(x.to(torch.complex64), 0)
 
 
 # -------------------------------------------------------------------------------------------- DTensor ----
@@ -378,14 +380,23 @@ def check_dtensor_replicate(ctx, name):
             assert torch.equal(_bits(out), _bits(local))
 
 
-@case("DTensor vector_norm: complex, over the sharded dim")
-def check_dtensor_complex_vector_norm(ctx):
-    """The norm of the magnitudes, folded over the ranks as a real one (uneven and empty shards included)."""
-    from torch.distributed.tensor import Shard, distribute_tensor
+@case("DTensor vector_norm and var_mean: complex, over the sharded dim")
+def check_dtensor_complex(ctx):
+    """The norm of the magnitudes, folded over the ranks as a real one; var_mean's real variance E|x - mean|^2 and
+    complex mean from the ranks' moments (uneven and empty shards included)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     for rows in (7, 1):
         parts = (ctx.shared_randn(rows, 6, dtype=torch.float64) for _ in range(2))
         full = torch.complex(*parts).to(torch.complex64)
         x = distribute_tensor(full, ctx.mesh, [Shard(0)])
+        for dim in (0, None, (0, 1)):
+            var, mean = ctx.same_everywhere_and_twice(lambda: torch_reduce.var_mean(x, dim, correction=0.5))
+            ref_var, ref_mean = torch.var_mean(full.to(torch.complex128), dim, correction=0.5)
+            assert var.dtype == torch.float32 and mean.dtype == torch.complex64
+            assert var.placements == mean.placements == (Replicate(),)
+            assert_close(var.full_tensor(), ref_var, torch.float32, what=f"var, rows={rows}, dim={dim}")
+            assert_close(mean.full_tensor(), ref_mean, torch.float32, scale=full.abs().max().item(),
+                         what=f"mean, rows={rows}, dim={dim}")
         for order in NORM_ORDS.values():
             for dim in (0, None):
                 out = torch_reduce.vector_norm(x, order, dim)
@@ -676,8 +687,6 @@ def check_dtensor_unsupported(ctx):
             call()
     with pytest.raises(NotImplementedError, match="torch.Tensor beside DTensor"):
         torch_reduce.layer_norm(rows, (6,), weight)
-    with pytest.raises(NotImplementedError, match="does not take complex inputs"):  # over the sharded dim
-        torch_reduce.var_mean(distribute_tensor(full.to(torch.complex64), ctx.mesh, [Shard(0)]), 0)
     with pytest.raises(RuntimeError, match="does not match"):  # the kernel's own checks, on the global shape
         torch_reduce.layer_norm(rows, (4,))
 

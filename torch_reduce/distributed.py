@@ -55,7 +55,7 @@ def var_mean(input: torch.Tensor, dim: Dims = None, *, correction: Optional[Numb
     with torch.no_grad():
         count, mean, m2 = _fold_moments(*_all_gather_moments(*_local_moments(input, dims), group))
         var = _variance(count, m2, correction)
-    var, mean = var.to(input.dtype), mean.to(input.dtype)
+    var, mean = var.to(input.dtype.to_real()), mean.to(input.dtype)  # a complex input's variance is real
     return (var, mean) if keepdim else (var.squeeze(dims), mean.squeeze(dims))
 
 
@@ -104,12 +104,11 @@ def _all_gather(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Te
 
 def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(count, mean, M2) of ``input`` over ``dims`` (kept as size 1) from our var_mean kernel: count a 1-element
-    int64 tensor, mean and M2 = var * count in float32 for 16-bit inputs, else the input's dtype. Complex inputs
-    raise: the fold of the ranks' moments is written for real ones."""
-    if input.is_complex():
-        raise NotImplementedError(f"torch_reduce's var_mean across ranks does not take complex inputs ({input.dtype}); "
-                                  "torch_reduce.var_mean takes them on one device")
-    source = input.float() if input.dtype in _HALF_FLOATS else input
+    int64 tensor, mean and M2 = var * count in float32 for 16-bit inputs (complex64 and float32 for complex32),
+    else the input's dtype (M2 real for a complex input: the sum of |x - mean|^2)."""
+    source = {torch.complex32: torch.complex64}.get(input.dtype, torch.float32 if input.dtype in _HALF_FLOATS else
+                                                    input.dtype)
+    source = input.to(source)
     var, mean = functional.var_mean(source, dims, correction=0, keepdim=True)
     count = math.prod(input.shape[d] for d in dims)
     return torch.full((1,), count, dtype=torch.int64, device=input.device), mean, var * count
@@ -118,29 +117,34 @@ def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, 
 def _all_gather_moments(count: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor,
                         group: Optional[dist.ProcessGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every rank's (count, mean, M2), stacked in rank order, from one all_gather: the three travel as one
-    byte buffer, so the int64 count stays exact beside float32 moments."""
-    stats = torch.cat([mean.reshape(-1), m2.reshape(-1)])
+    byte buffer, so the int64 count stays exact beside float32 moments (a complex mean as its real pairs)."""
+    means = torch.view_as_real(mean) if mean.is_complex() else mean
+    stats = torch.cat([means.reshape(-1), m2.reshape(-1)])
     payload = torch.cat([count.view(torch.uint8), stats.view(torch.uint8)])
     gathered = _all_gather(payload, group)
     world = gathered.shape[0]
     counts = gathered[:, :8].contiguous().view(torch.int64)  # (world, 1)
-    stats = gathered[:, 8:].contiguous().view(mean.dtype)    # (world, 2 * mean.numel())
-    means, m2s = stats.split(mean.numel(), dim=1)
-    return counts, means.reshape(world, *mean.shape), m2s.reshape(world, *mean.shape)
+    stats = gathered[:, 8:].contiguous().view(m2.dtype)      # (world, means.numel() + m2.numel())
+    gathered_means, m2s = stats.split(means.numel(), dim=1)
+    gathered_means = gathered_means.contiguous().reshape(world, *means.shape)  # view_as_complex wants even strides
+    if mean.is_complex():
+        gathered_means = torch.view_as_complex(gathered_means)
+    return counts, gathered_means, m2s.reshape(world, *mean.shape)
 
 
 def _fold_moments(counts: torch.Tensor, means: torch.Tensor,
                   m2s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold stacked (count, mean, M2) in order with Chan, Golub and LeVeque's pairwise update:
-    mean = mean_a + delta * n_b / n, M2 = M2_a + M2_b + delta^2 * n_a * n_b / n (delta = mean_b - mean_a).
+    mean = mean_a + delta * n_b / n, M2 = M2_a + M2_b + |delta|^2 * n_a * n_b / n (delta = mean_b - mean_a).
     No sum of squares is formed, so there is no cancellation; an empty part (count 0, NaN moments) is skipped."""
     count, mean, m2 = counts[0], means[0], m2s[0]
     for count_b, mean_b, m2_b in zip(counts[1:], means[1:], m2s[1:]):
         total = count + count_b
         share_b = count_b.double() / total.clamp_min(1).double()  # n_b / n, in float64 until applied
         delta = mean_b - mean
-        merged_mean = mean + delta * share_b.to(mean.dtype)
-        merged_m2 = m2 + m2_b + delta * delta * (count.double() * share_b).to(mean.dtype)
+        squared = delta.abs().square() if delta.is_complex() else delta * delta
+        merged_mean = mean + delta * share_b.to(m2.dtype)
+        merged_m2 = m2 + m2_b + squared * (count.double() * share_b).to(m2.dtype)
         a_empty, b_empty = count == 0, count_b == 0
         mean = torch.where(b_empty, mean, torch.where(a_empty, mean_b, merged_mean))
         m2 = torch.where(b_empty, m2, torch.where(a_empty, m2_b, merged_m2))

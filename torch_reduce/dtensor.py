@@ -136,7 +136,7 @@ def _var_mean_rule(cls, func, types, args, kwargs):
                 group = x.device_mesh.get_group(mesh_dim)
                 moments = distributed._fold_moments(*distributed._all_gather_moments(*moments, group))
         count, mean, m2 = moments
-        var = distributed._variance(count, m2, a["correction"]).to(x.dtype)
+        var = distributed._variance(count, m2, a["correction"]).to(x.dtype.to_real())
         mean = mean.to(x.dtype)
         if not keepdim:
             var, mean = var.squeeze(dims), mean.squeeze(dims)
