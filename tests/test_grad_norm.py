@@ -154,7 +154,9 @@ def complex_list(device):
     tensor beside them."""
     z = odd_list(torch.complex64, device)[:8] + [torch.randn(33, 65, dtype=torch.complex64, device=device).conj()]
     return z + [torch.randn(5, 7, dtype=torch.complex128, device=device).t(),
-                torch.randn(301, device=device).to(torch.complex32), torch.randn(17, device=device)]
+                # few enough elements that complex32's own norm stays finite at every order (order 0.5 of 301
+                # reached float16's largest, where torch's total is inf and ours finite: README)
+                torch.randn(31, dtype=torch.complex64, device=device).to(torch.complex32), torch.randn(17, device=device)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
