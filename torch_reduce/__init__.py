@@ -10,6 +10,8 @@ from . import _C  # noqa: F401  registers torch.ops.reduce
 from . import ops  # noqa: F401  fake kernels (autograd and autocast are registered in C++)
 from . import nn  # noqa: F401
 from . import distributed  # noqa: F401  (torch.distributed need not be initialised; arms the DTensor rules)
+from . import nested  # noqa: F401  jagged nested tensors in the ops
+from . import batching  # noqa: F401  vmap rules
 from .functional import add_layer_norm, add_rms_norm, layer_norm, rms_norm, var_mean  # noqa: F401
 from .grad_norm import clip_grad_norm_, clip_grads_with_norm_, foreach_norm, get_total_norm  # noqa: F401
 from .ladder import LADDER, Variant  # noqa: F401

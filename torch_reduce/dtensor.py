@@ -49,7 +49,7 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from . import distributed
-from .ops import _reduced_dims
+from .ops import _reduced_dims, bound_arguments, op_name
 
 _PARTIAL_OF_REDUCED_SHARD = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "prod": "product"}
 
@@ -59,8 +59,8 @@ _PARTIAL_OF_REDUCED_SHARD = {"sum": "sum", "mean": "sum", "amax": "max", "amin":
 
 def _dim_reduction_rule(cls, func, types, args, kwargs):
     """sum, mean, amax, amin, prod."""
-    name = _op_name(func)
-    a = _arguments(func, args, kwargs)
+    name = op_name(func)
+    a = bound_arguments(func, args, kwargs)
     x = a["self"]
     _require_dtensors(func, {"self": x})
     expected = _call_with(func, args, kwargs, _meta)  # global shape and dtype, and torch's errors
@@ -82,7 +82,7 @@ def _dim_reduction_rule(cls, func, types, args, kwargs):
 
 
 def _vector_norm_rule(cls, func, types, args, kwargs):
-    a = _arguments(func, args, kwargs)
+    a = bound_arguments(func, args, kwargs)
     x = a["self"]
     _require_dtensors(func, {"self": x})
     expected = _call_with(func, args, kwargs, _meta)
@@ -120,7 +120,7 @@ def _vector_norm_rule(cls, func, types, args, kwargs):
 
 
 def _var_mean_rule(cls, func, types, args, kwargs):
-    a = _arguments(func, args, kwargs)
+    a = bound_arguments(func, args, kwargs)
     x = a["input"]
     _require_dtensors(func, {"input": x})
     expected_var, expected_mean = _call_with(func, args, kwargs, _meta)
@@ -158,8 +158,8 @@ _ROW_NORMS = {
 
 def _row_norm_locals(func, args, kwargs):
     """The checked call's arguments, its outputs' global metas and its outputs on the local rows."""
-    rows, params = _ROW_NORMS[_op_name(func)]
-    a = _arguments(func, args, kwargs)
+    rows, params = _ROW_NORMS[op_name(func)]
+    a = bound_arguments(func, args, kwargs)
     x = a["input"]
     _require_dtensors(func, {name: a[name] for name in ("input", *rows, *params)})
     expected = _call_with(func, args, kwargs, _meta)
@@ -252,7 +252,7 @@ def _replicated(local: torch.Tensor, like: DTensor) -> DTensor:
 
 
 def _foreach_norm_rule(cls, func, types, args, kwargs):
-    a = _arguments(func, args, kwargs)
+    a = bound_arguments(func, args, kwargs)
     order, dtype = float(a["ord"]), a["dtype"]
     expected = torch.ops.reduce.foreach_norm([_meta(t) for t in a["tensors"]], order, dtype)  # torch's errors
     tensors = _norm_list(func, a["tensors"])
@@ -277,7 +277,7 @@ def _total_of(func, tensors, order: float) -> DTensor:
 
 
 def _total_norm_rule(cls, func, types, args, kwargs):
-    a = _arguments(func, args, kwargs)
+    a = bound_arguments(func, args, kwargs)
     return _total_of(func, a["tensors"], float(a["ord"]))
 
 
@@ -289,37 +289,18 @@ def _clip_locals(func, grads, total_norm, max_norm: float) -> None:
 
 
 def _clip_grads_rule(cls, func, types, args, kwargs):
-    a = _arguments(func, args, kwargs)
+    a = bound_arguments(func, args, kwargs)
     _clip_locals(func, a["grads"], a["total_norm"], a["max_norm"])
 
 
 def _clip_grad_norm_rule(cls, func, types, args, kwargs):
-    a = _arguments(func, args, kwargs)
+    a = bound_arguments(func, args, kwargs)
     total = _total_of(func, a["grads"], float(a["norm_type"]))
     _clip_locals(func, a["grads"], total, a["max_norm"])
     return total
 
 
 # ------------------------------------------------------------------------------------------------ helpers ----
-
-
-def _op_name(func) -> str:
-    return func._schema.name.split("::")[1]
-
-
-def _arguments(func, args, kwargs) -> dict:
-    """The op's arguments by name, defaults filled in (torch_dispatch passes only those the caller gave)."""
-    bound = {}
-    positional = iter(args)
-    for arg in func._schema.arguments:
-        if not arg.kwarg_only and (value := next(positional, _ABSENT)) is not _ABSENT:
-            bound[arg.name] = value
-        else:
-            bound[arg.name] = kwargs.get(arg.name, arg.default_value)
-    return bound
-
-
-_ABSENT = object()
 
 
 def _call_with(func, args, kwargs, swap):

@@ -1,5 +1,6 @@
 """Python side of the registered ops: fake (meta) kernels for torch.compile, and the Python mirror of the
-dim-reduction table (DIM_REDUCTIONS) that reductions.py builds its wrappers from.
+dim-reduction table (DIM_REDUCTIONS) that reductions.py builds its wrappers from, and the ops' arguments by name
+for the kernels of tensor subclasses.
 
 Autograd and autocast are registered in C++ (csrc/*_autograd.cpp, csrc/autocast.cpp), so a call pays no
 Python wrapper.
@@ -461,3 +462,26 @@ def _clip_grads_fake(grads, total_norm, max_norm):
         if not _real(total_norm):
             raise NotImplementedError(_NO_DATA)
         torch.ops.reduce.clip_grads_(real, total_norm, max_norm)
+
+
+# ------------------------------------------------------------------------ the ops' arguments, by name ----
+# For the kernels registered for tensor subclasses (dtensor.py, nested.py).
+
+
+def op_name(func) -> str:
+    return func._schema.name.split("::")[1]
+
+
+def bound_arguments(func, args, kwargs) -> dict:
+    """The op's arguments by name, defaults filled in (a dispatched call passes only those the caller gave)."""
+    bound = {}
+    positional = iter(args)
+    for arg in func._schema.arguments:
+        if not arg.kwarg_only and (value := next(positional, _ABSENT)) is not _ABSENT:
+            bound[arg.name] = value
+        else:
+            bound[arg.name] = kwargs.get(arg.name, arg.default_value)
+    return bound
+
+
+_ABSENT = object()
