@@ -231,6 +231,19 @@ def test_row_norms_in_low_precision(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_ladder(device):
+    """The ladder sums a jagged tensor's elements, every variant; one with holes is refused."""
+    x, leaf, sequences = jagged("packed", torch.float64, device, requires_grad=True)
+    want = torch.cat(sequences).sum()
+    for variant in torch_reduce.LADDER:
+        got = variant.op(x)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(torch.autograd.grad(got, leaf)[0].values(), torch.ones_like(leaf.values()))
+    with pytest.raises(RuntimeError, match="jagged tensor with holes"):
+        torch_reduce.LADDER[0].op(jagged("holes", torch.float64, device)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_compile(device):
     x, _, _ = jagged("packed", torch.float32, device, requires_grad=True)
     weight = torch.randn(4, device=device, requires_grad=True)

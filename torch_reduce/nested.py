@@ -9,6 +9,7 @@ offsets, lengths and nested int: ``layer_norm(x) + x`` works):
   rows of the values, so any normalized dims after the ragged dim work; the normalized tensor (and the fused sum) are
   jagged, the statistics dense, per row of the values (as torch's layer_norm of a jagged tensor gives them). The
   residual, a gradient and grad_sum must be jagged with the input's structure.
+- the ladder (``sum_seq`` and the others): the sum of the values, for a tensor without holes.
 - ``sum``, ``mean``, ``amax``, ``amin``, ``prod``, ``vector_norm``, ``var_mean``:
   dims that are neither the batch dim nor the ragged dim -> jagged results;
   the batch and the ragged dim together (with any others, or every dim) -> dense results, over every element of every
@@ -29,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch.nested._internal.nested_tensor import NestedTensor, nested_view_from_values_offsets_lengths
 
+from .ladder import LADDER
 from .ops import DIM_REDUCTIONS, _reduced_dims, bound_arguments, op_name
 
 # The outputs of each row norm that have the input's rows (the others are statistics or parameter gradients).
@@ -117,6 +119,15 @@ def _dim_reduction(func, args, kwargs):
     return _each(out, lambda o: _like(x, o, ragged_idx))
 
 
+def _whole_sum(func, args, kwargs):
+    """The ladder's sums of a whole tensor: of its values (but for holes, which no sequence holds)."""
+    a = bound_arguments(func, args, kwargs)
+    x = _jagged_input(func, a, "t")
+    if x.lengths() is not None:
+        raise RuntimeError(f"{func}: summing a jagged tensor with holes (lengths given) is not supported")
+    return func(**{**a, "t": x.values()})
+
+
 def _over_sequences(func, name: str, a: dict, input_name: str, x: NestedTensor, inner: list[int]):
     """One result per sequence: the ragged dim alone, over the sequences padded (_identity)."""
     if name not in _PADDED:
@@ -179,3 +190,5 @@ for _row in DIM_REDUCTIONS:
 _register("var_mean", _dim_reduction)
 for _name in _ROW_OUTPUTS:
     _register(_name, _row_norm)
+for _variant in LADDER:
+    _register(_variant.name, _whole_sum)
