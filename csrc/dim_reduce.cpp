@@ -22,9 +22,8 @@ const char* reduction_name(Reduction r) {
   return "?";
 }
 
-// Complex numbers sum and average (two real reductions: reduce_dims) and have norms (the norm of their
-// magnitudes, complex32's too); torch has no max or min of them, and it multiplies them, which the kernels here do
-// not.
+// Complex numbers sum and average (two real reductions: reduce_dims), multiply (complex_product) and have norms
+// (the norm of their magnitudes, complex32's too); torch has no max or min of them.
 // uint16/32/64 take every row whose result may be an integer (torch's CUDA kernels take them for amax/amin, its
 // CPU ones do not).
 void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
@@ -37,8 +36,6 @@ void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
     case at::kComplexFloat: case at::kComplexDouble:
       TORCH_CHECK_NOT_IMPLEMENTED(r != Reduction::Amax && r != Reduction::Amin, "\"", name,
                                   "\" not implemented for '", type, "'");
-      TORCH_CHECK_NOT_IMPLEMENTED(r != Reduction::Prod, "torch_reduce.", name, " does not take complex inputs (",
-                                  type, "); torch.prod does");
       return;
     case at::kComplexHalf:
       if (r == Reduction::VectorNorm) return;  // |z| in float16 (torch's abs), then the float16 kernels
@@ -46,7 +43,7 @@ void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
     default:
       TORCH_CHECK(false, name, ": unsupported dtype ", type,
                   "; expected float32, float64, float16, bfloat16, an integer type, bool, complex64 or complex128 "
-                  "(sum, mean, vector_norm), or complex32 (vector_norm)");
+                  "(sum, mean, prod, vector_norm), or complex32 (vector_norm)");
   }
 }
 
@@ -214,6 +211,35 @@ void fold_repeats(Reduction r, const at::Tensor& partial, int64_t k) {
   partial.copy_(k % 2 == 1 ? at::copysign(magnitude, wide) : magnitude);
 }
 
+// A product of complex numbers: the parts mix at every step, so it is not two real reductions as a sum is, and
+// the kernels' ops objects are real. torch's complex multiply, pairwise: the reduced dims moved last and flattened,
+// the first half of the elements times the second until one is left (an odd last element carried along): a fixed
+// order, log2(n) launches of torch's elementwise multiply. Each of the n - 1 products rounds and each rounding
+// reaches the result, in this order as in any (about sqrt(n) roundings of its magnitude: test_complex_prod).
+at::Tensor complex_product(const at::Tensor& x, const std::bitset<at::dim_bitset_size>& reduce_mask, bool keepdim) {
+  std::vector<int64_t> permutation, out_shape;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (!reduce_mask[d]) {
+      permutation.push_back(d);
+      out_shape.push_back(x.size(d));
+    } else if (keepdim) {
+      out_shape.push_back(1);
+    }
+  }
+  const auto kept = static_cast<int64_t>(permutation.size());
+  if (kept == x.dim()) return x.clone().view(out_shape);  // nothing reduced (a 0-dim tensor's own dim)
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (reduce_mask[d]) permutation.push_back(d);
+  at::Tensor rows = x.permute(permutation).flatten(kept);
+  if (rows.size(-1) == 0) return at::ones(out_shape, x.options());
+  for (int64_t n = rows.size(-1); n > 1; n = rows.size(-1)) {
+    const int64_t half = n / 2;
+    const at::Tensor product = rows.narrow(-1, 0, half) * rows.narrow(-1, half, half);
+    rows = n % 2 == 0 ? product : at::cat({product, rows.narrow(-1, n - 1, 1)}, -1);
+  }
+  return rows.reshape(out_shape);
+}
+
 // The normal form of reducing run `at` (runs.size() for none): the runs before it outer, after it inner.
 ReduceProblem problem_of(const at::Tensor& input, const std::vector<Run>& runs, size_t at) {
   int64_t outer = 1, reduced = 1, inner = 1;
@@ -254,6 +280,8 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
     if (ndim == 0) reduce_mask.reset();
   }
   check_empty_vector_norm(r, self, call);
+  if (r == Reduction::Prod && at::isComplexType(input_type))
+    return complex_product(dtype ? self.to(input_type) : self, reduce_mask, call.keepdim);
 
   // A complex sum or mean is two real ones: the kernels read the (real, imaginary) pairs as a kept trailing
   // dim of 2, and the result is viewed as complex again.

@@ -3,9 +3,9 @@
 //   sum, mean:   the incoming gradient with the reduced dims restored, expanded to the input (mean: divided
 //                by the reduced count), in the input's dtype (dtype= may have changed the output's);
 //   amax, amin:  shared evenly among the elements equal to the result, grad / count_of_ties * (x == result);
-//   prod:        grad times the product of the other elements of the slice, from exclusive prefix and suffix
-//                products (no division: exact with zeros in the slice, and no data-dependent branch, so the
-//                backward traces under torch.compile);
+//   prod:        grad times the product of the other elements of the slice (its conjugate for complex inputs),
+//                from exclusive prefix and suffix products (no division: exact with zeros in the slice, and no
+//                data-dependent branch, so the backward traces under torch.compile);
 //   vector_norm: torch's formulas by order (0, 1, 2, inf/-inf shared among ties, below 1, any other p), with
 //                a zero subgradient where the norm (or, below 1, the element) is 0; complex inputs through sgn.
 // All are written in differentiable ops, so double backward works; transforms and forward-mode AD take
@@ -120,7 +120,7 @@ struct ReduceBackward : public torch::autograd::Node {
         const at::Tensor ties = x == reduced;
         grad = g / ties.sum(dims, /*keepdim=*/true) * ties;
       } else if constexpr (R == Reduction::Prod) {
-        grad = g * prod_of_others(x, dims);
+        grad = g * (x.is_complex() ? prod_of_others(x, dims).conj() : prod_of_others(x, dims));
       } else {
         grad = vector_norm_gradient(x, reduced, g, ord, dims);
       }

@@ -300,7 +300,7 @@ def _reference(name, full, dim, keepdim=False):
     if name in NORM_ORDS:
         return torch.linalg.vector_norm(full.double(), NORM_ORDS[name], dims, keepdim)
     if name == "prod":  # torch.prod takes one dim: fold the others one at a time, last first
-        out = full.double()
+        out = full.to(torch.complex128) if full.is_complex() else full.double()
         for d in sorted((d % max(full.dim(), 1) for d in ((dims,) if isinstance(dims, int) else dims)),
                         reverse=True):
             out = out.prod(d, keepdim=True)
@@ -380,10 +380,11 @@ def check_dtensor_replicate(ctx, name):
             assert torch.equal(_bits(out), _bits(local))
 
 
-@case("DTensor vector_norm and var_mean: complex, over the sharded dim")
+@case("DTensor vector_norm, var_mean and prod: complex, over the sharded dim")
 def check_dtensor_complex(ctx):
     """The norm of the magnitudes, folded over the ranks as a real one; var_mean's real variance E|x - mean|^2 and
-    complex mean from the ranks' moments (uneven and empty shards included)."""
+    complex mean from the ranks' moments; the product of the ranks' products, Replicate (torch.distributed
+    multiplies no complex numbers); uneven and empty shards included."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     for rows in (7, 1):
         parts = (ctx.shared_randn(rows, 6, dtype=torch.float64) for _ in range(2))
@@ -397,6 +398,14 @@ def check_dtensor_complex(ctx):
             assert_close(var.full_tensor(), ref_var, torch.float32, what=f"var, rows={rows}, dim={dim}")
             assert_close(mean.full_tensor(), ref_mean, torch.float32, scale=full.abs().max().item(),
                          what=f"mean, rows={rows}, dim={dim}")
+        for dim in (0, None, (0, 1), -2):
+            for keepdim in (False, True):
+                out = ctx.same_everywhere_and_twice(lambda: torch_reduce.prod(x, dim, keepdim))
+                ref = _reference("prod", full.to(torch.complex128), dim, keepdim)
+                assert out.dtype == torch.complex64 and out.shape == ref.shape
+                assert out.placements == (Replicate(),)
+                scale = _reference("prod", full.abs(), dim, keepdim)
+                assert_close(out.full_tensor(), ref, torch.float32, scale=scale, what=f"prod, dim={dim}")
         for order in NORM_ORDS.values():
             for dim in (0, None):
                 out = torch_reduce.vector_norm(x, order, dim)

@@ -11,7 +11,8 @@ Placements in -> out, mesh dim by mesh dim:
   (count, mean, M2) is gathered over the mesh dim and folded in rank order with Chan's formula, exact and the
   same bits on every rank. No Partial placement expresses that fold: a Partial(sum) of M2s misses the
   between-shard term, and redistributing the input to Replicate would move the whole tensor.
-- ``prod``: as ``sum``, with Partial(product) (an empty shard gives 1, the identity).
+- ``prod``: as ``sum``, with Partial(product) (an empty shard gives 1, the identity); complex: Replicate, each rank's
+  product gathered over the mesh dim and multiplied in rank order (torch.distributed multiplies no complex numbers).
 - ``vector_norm``: as above for dims not reduced; Shard of a reduced dim -> ord 1 and 0: Partial(sum) of the
   local norms; inf / -inf: Partial(max) / Partial(min) (an empty shard gives 0 / inf); any other ord p:
   Replicate: each rank's local norm, raised to p in float64, is gathered over the mesh dim, summed in rank
@@ -75,10 +76,28 @@ def _dim_reduction_rule(cls, func, types, args, kwargs):
     elif name in ("amax", "amin") and any(local_x.shape[d] == 0 for d in dims):
         local = torch.full(_reduced_shape(local_x.shape, dims, keepdim), _identity(name, local_x.dtype),
                            dtype=local_x.dtype, device=local_x.device)
+    elif name == "prod" and expected.dtype.is_complex:
+        return _complex_product(x, dims, keepdim, _call_with(func, args, kwargs, DTensor.to_local), expected)
     else:
         local = _call_with(func, args, kwargs, DTensor.to_local)
     placements = _reduced_placements(x, dims, keepdim, Partial(_PARTIAL_OF_REDUCED_SHARD[name]))
     return _wrap(local, x, placements, expected)
+
+
+def _complex_product(x: DTensor, dims: list[int], keepdim: bool, local: torch.Tensor, expected) -> DTensor:
+    """A complex product over sharded dims: torch.distributed multiplies no complex numbers (all_reduce refuses
+    PRODUCT for them), so each rank's product is gathered over each mesh dim that shards a reduced dim and the
+    products are multiplied in rank order: Replicate, the same bits on every rank."""
+    product = local if keepdim else local.reshape(_reduced_shape(x.to_local().shape, dims, True))
+    for mesh_dim, p in enumerate(x.placements):
+        if type(p) is Shard and p.dim % x.ndim in dims:
+            parts = distributed._all_gather(product.contiguous(), x.device_mesh.get_group(mesh_dim))
+            product = parts[0]
+            for part in parts[1:]:
+                product = product * part
+    if not keepdim:
+        product = product.squeeze(dims)
+    return _wrap(product, x, _reduced_placements(x, dims, keepdim, Replicate()), expected)
 
 
 def _vector_norm_rule(cls, func, types, args, kwargs):

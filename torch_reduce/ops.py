@@ -54,7 +54,7 @@ _C10_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", tor
 _WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)  # sums and products to int64, as the others
 _REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
          torch.int32, torch.int64, torch.bool) + _WIDE_UNSIGNED
-_COMPLEX = (torch.complex64, torch.complex128)  # sum, mean and vector_norm (which takes complex32 too)
+_COMPLEX = (torch.complex64, torch.complex128)  # sum, mean, prod and vector_norm (which takes complex32 too)
 
 
 def _c10_name(dtype: torch.dtype) -> str:
@@ -69,14 +69,11 @@ def _check_dtype(name: str, dtype: torch.dtype) -> None:
     if dtype in _COMPLEX:
         if name in ("amax", "amin"):
             raise NotImplementedError(f"\"{name}\" not implemented for '{_c10_name(dtype)}'")
-        if name == "prod":
-            raise NotImplementedError(f"torch_reduce.prod does not take complex inputs ({_c10_name(dtype)}); "
-                                      "torch.prod does")
         return
     if dtype == torch.complex32 and name == "vector_norm":
         return
     raise RuntimeError(f"{name}: unsupported dtype {_c10_name(dtype)}; expected float32, float64, float16, bfloat16, "
-                       "an integer type, bool, complex64 or complex128 (sum, mean, vector_norm), or complex32 "
+                       "an integer type, bool, complex64 or complex128 (sum, mean, prod, vector_norm), or complex32 "
                        "(vector_norm)")
 
 
