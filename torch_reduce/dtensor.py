@@ -44,7 +44,9 @@ cache keys a call by the arguments from the first ``int`` one on, and our ops ha
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -84,17 +86,22 @@ def _dim_reduction_rule(cls, func, types, args, kwargs):
     return _wrap(local, x, placements, expected)
 
 
+def _fold_over_shards(x: DTensor, dims: list[int], local: torch.Tensor, combine) -> torch.Tensor:
+    """Each rank's local result (the reduced dims kept) gathered over each mesh dim that shards a reduced dim, mesh dim
+    by mesh dim, and folded with ``combine`` in rank order: the same bits on every rank."""
+    for mesh_dim, p in enumerate(x.placements):
+        if type(p) is Shard and p.dim % x.ndim in dims:
+            local = functools.reduce(combine, distributed._all_gather(local.contiguous(),
+                                                                      x.device_mesh.get_group(mesh_dim)))
+    return local
+
+
 def _complex_product(x: DTensor, dims: list[int], keepdim: bool, local: torch.Tensor, expected) -> DTensor:
     """A complex product over sharded dims: torch.distributed multiplies no complex numbers (all_reduce refuses
     PRODUCT for them), so each rank's product is gathered over each mesh dim that shards a reduced dim and the
     products are multiplied in rank order: Replicate, the same bits on every rank."""
     product = local if keepdim else local.reshape(_reduced_shape(x.to_local().shape, dims, True))
-    for mesh_dim, p in enumerate(x.placements):
-        if type(p) is Shard and p.dim % x.ndim in dims:
-            parts = distributed._all_gather(product.contiguous(), x.device_mesh.get_group(mesh_dim))
-            product = parts[0]
-            for part in parts[1:]:
-                product = product * part
+    product = _fold_over_shards(x, dims, product, operator.mul)
     if not keepdim:
         product = product.squeeze(dims)
     return _wrap(product, x, _reduced_placements(x, dims, keepdim, Replicate()), expected)
@@ -126,12 +133,7 @@ def _vector_norm_rule(cls, func, types, args, kwargs):
     else:
         wide = torch.complex128 if local_x.is_complex() else torch.float64  # dtype= keeps the input's kind
         powered = torch.ops.reduce.vector_norm(local_x, order, dims, True, dtype=wide) ** order
-    for mesh_dim, p in enumerate(x.placements):  # mesh dim by mesh dim, each group in rank order
-        if type(p) is Shard and p.dim % x.ndim in dims:
-            parts = distributed._all_gather(powered.contiguous(), x.device_mesh.get_group(mesh_dim))
-            powered = parts[0]
-            for part in parts[1:]:
-                powered = powered + part
+    powered = _fold_over_shards(x, dims, powered, operator.add)
     norm = (powered ** (1.0 / order)).to(expected.dtype)
     if not keepdim:
         norm = norm.squeeze(dims)
@@ -238,10 +240,7 @@ def _local_accumulators(tensors: list, order: float) -> torch.Tensor:
         split = [_splits(t.placements[mesh_dim]) for t in tensors]
         if not any(split):
             continue
-        parts = distributed._all_gather(accumulators, mesh.get_group(mesh_dim))
-        folded = parts[0]
-        for part in parts[1:]:
-            folded = fold(folded, part)
+        folded = functools.reduce(fold, distributed._all_gather(accumulators, mesh.get_group(mesh_dim)))
         accumulators = torch.where(torch.tensor(split, device=device), folded, accumulators)
     return accumulators
 
