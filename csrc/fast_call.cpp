@@ -5,9 +5,10 @@
 // than torch's own bindings (CPU tensors, 2 cores: torch.sum 2.0 us, the op through torch.ops 4.1 us, through its
 // Python wrapper 5.7 us), which made every small reduction slower than torch's. Anything else takes the Python
 // wrapper (torch_reduce/reductions.py, functional.py, grad_norm.py), unchanged: tensor subclasses and
-// __torch_function__ modes, dtype= and out=, unusual argument types, and every call that raised or warned (the
-// wrapper runs it again, so its errors and warnings are the op's own, word for word; clip_grad_norm_'s below) but
-// for an error raised by Python code the op called, which is returned as it is (run_released).
+// __torch_function__ modes, dtype= and out=, unusual argument types, and every call that raised (the wrapper runs
+// it again, so its errors are the op's own, word for word) but for an error raised by Python code the op called,
+// which is returned as it is (run_released). A call that warned returns its result, its warnings raised as
+// Python's (warn_in_python).
 // torch.compile traces the wrapper in its place (torch.compiler.substitute_in_graph, _entry_points.py).
 //
 // Only Python's limited API is used, so _C stays abi3; two symbols come from libtorch_python, whose C++ ABI _C
@@ -24,6 +25,7 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "dim_reduce.h"
@@ -347,16 +349,23 @@ PyObject* wrap(const std::tuple<at::Tensor, at::Tensor>& pair) {
   return tuple;
 }
 
-// Records whether the op warned: such a call is run again by the wrapper, which turns torch's warnings into
-// Python's as torch's bindings do.
+// The warnings an op gave (TORCH_WARN), raised as Python's after the call (warn_in_python), as torch's bindings
+// raise them. torch.ops, which the wrappers call, gives them to c10's log on stderr instead, so running a call that
+// warned again through the wrapper would not (var_mean's "degrees of freedom is <= 0" went to stderr that way).
 struct WarningSeen : c10::WarningHandler {
-  bool seen = false;
-  std::vector<std::string> messages;
-  void process(const c10::Warning& warning) override {
-    seen = true;
-    messages.push_back(warning.msg());
-  }
+  std::vector<c10::Warning> warnings;
+  void process(const c10::Warning& warning) override { warnings.push_back(warning); }
 };
+
+// False where a warning became an error (a filter set to "error"): the error is set.
+bool warn_in_python(const WarningSeen& seen) {
+  for (const c10::Warning& warning : seen.warnings) {
+    PyObject* category = std::holds_alternative<c10::Warning::DeprecationWarning>(warning.type())
+                             ? PyExc_DeprecationWarning : PyExc_UserWarning;
+    if (PyErr_WarnEx(category, warning.msg().c_str(), 1) != 0) return false;
+  }
+  return true;
+}
 
 // The slots of a call, `names` in order: its positional arguments, then its keyword ones by name (the first
 // parameter by keyword is left to the wrapper). False where the wrapper must take the call: no positional
@@ -420,7 +429,7 @@ PyObject* entry_point(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObje
   decltype(Spec::run(a)) result;
   WarningSeen warnings;
   if (!run_released([&] { return Spec::run(a); }, result, warnings)) return raised_in_python() ? nullptr : slow();
-  if (warnings.seen) return slow();
+  if (!warn_in_python(warnings)) return nullptr;
   return wrap(result);
 }
 
@@ -496,13 +505,8 @@ PyObject* clip_grad_norm_entry(PyObject*, PyObject* const* args, Py_ssize_t narg
     Py_DECREF(list);
     return nullptr;
   }
-  for (const std::string& message : warnings.messages) {
-    if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) {
-      Py_DECREF(list);
-      return nullptr;
-    }
-  }
   Py_DECREF(list);
+  if (!warn_in_python(warnings)) return nullptr;
   return wrap(total);
 }
 

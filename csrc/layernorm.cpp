@@ -89,6 +89,12 @@ VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef
       inner *= x.size(d);
     }
   }
+  const double degrees_of_freedom = static_cast<double>(inner) * static_cast<double>(repeats) -
+                                    correction_value(correction);
+  if (degrees_of_freedom <= 0) {  // torch.var_mean's warning, on its condition (the variance is inf or NaN)
+    TORCH_WARN("var_mean(): degrees of freedom is <= 0. Correction should be strictly less than the reduction "
+               "factor (input numel divided by output numel).");
+  }
   VarMeanProblem p;
   p.rows = x.permute(order).contiguous().view({outer, inner});
   p.var = at::empty(computed_shape, input.options().memory_format(at::MemoryFormat::Contiguous));
@@ -96,8 +102,7 @@ VarMeanProblem var_mean_problem(const at::Tensor& input, at::OptionalIntArrayRef
   p.shape = out_shape;
   p.inner = inner;
   // m2 of the rows read once over this is the full m2 over max(0, N - correction), N = inner * repeats.
-  p.divisor = std::max(0.0, static_cast<double>(inner) * static_cast<double>(repeats) - correction_value(correction)) /
-              static_cast<double>(repeats);
+  p.divisor = std::max(0.0, degrees_of_freedom) / static_cast<double>(repeats);
   return p;
 }
 

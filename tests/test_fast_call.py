@@ -286,6 +286,22 @@ def test_clip_grad_norm_entry_point_errors(wrapper_calls):
     assert any("empty generator" in str(w.message) for w in seen)
 
 
+def test_warnings_are_pythons(wrapper_calls):
+    """An op's warning on the fast path: the result returned, the warning a Python UserWarning (torch.ops would send
+    it to c10's log), the call not run again; a filter set to "error" raises it."""
+    x = torch.randn(3, 1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        var, mean = torch_reduce.var_mean(x, 1)
+    assert [w.category for w in seen] == [UserWarning] and "degrees of freedom" in str(seen[0].message)
+    assert torch.equal(mean, x[:, 0]) and bool(var.isnan().all())
+    assert wrapper_calls["var_mean"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="degrees of freedom"):
+            torch_reduce.var_mean(x, 1)
+
+
 def test_clip_grad_norm_non_leaf_takes_the_wrapper(wrapper_calls):
     """A non-leaf tensor's .grad warns (torch's UserWarning) and is None: the wrapper's call, not ours."""
     leaf = torch.nn.Parameter(torch.randn(4))

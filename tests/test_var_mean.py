@@ -2,6 +2,8 @@
 long and few rows, views, numerical stability with a large mean, edges. The contract suite
 (tests/test_op_contract.py, from the specs in tests/op_specs.py) runs the rest: autograd, opcheck, compile, bad
 inputs, determinism, > 2^31 elements, streams, CUDA graphs and two GPUs."""
+import warnings
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -110,6 +112,26 @@ def test_edges(device):
     x = torch.randn(4, 8, device=device)
     x[1, 3] = float("nan")
     check(x, -1)  # (inf is left out: torch's own Welford gives an order-dependent inf or NaN mean)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64], ids=str)
+def test_warns_as_torch(device, dtype):
+    """torch.var_mean's warning where N - correction <= 0 (expanded dims counted), on the same calls and no others,
+    a Python UserWarning."""
+    x = torch.randn(3, 2, dtype=dtype, device=device)
+    calls = [(x[:, :1], 1, 1), (x[:, :1], 1, 0), (x, 1, 2), (x, 1, 1.5), (x, 1, 2.5), (x[:, :0], 1, 1),
+             (x[:0, :1], 1, 1), (x, None, 6), (x, None, 5), (x[:, :1].expand(3, 4), 1, 4), (x[0, 0], None, 1)]
+    for t, dim, correction in calls:
+        seen = []
+        for var_mean in (torch.var_mean, torch_reduce.var_mean):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                var_mean(t, dim, correction=correction)
+            seen.append([w for w in caught if "degrees of freedom is <= 0" in str(w.message)])
+        theirs, ours = seen
+        assert bool(ours) == bool(theirs), (tuple(t.shape), dim, correction)
+        assert all(w.category is UserWarning for w in ours)
 
 
 # Reductions over nothing: the variance is NaN at every correction, as torch's, though a negative one makes

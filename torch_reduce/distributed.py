@@ -109,8 +109,10 @@ def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, 
     source = {torch.complex32: torch.complex64}.get(input.dtype, torch.float32 if input.dtype in _HALF_FLOATS else
                                                     input.dtype)
     source = input.to(source)
-    var, mean = functional.var_mean(source, dims, correction=0, keepdim=True)
     count = math.prod(input.shape[d] for d in dims)
+    # An empty shard's moments are NaN, and the fold skips it; correction -1 spares it var_mean's warning that no
+    # degrees of freedom are left.
+    var, mean = functional.var_mean(source, dims, correction=0 if count else -1, keepdim=True)
     return torch.full((1,), count, dtype=torch.int64, device=input.device), mean, var * count
 
 
