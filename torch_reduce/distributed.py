@@ -97,9 +97,11 @@ def _all_gather(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Te
     world = dist.get_world_size(group)
     # A functional collective (what DTensor itself calls), so that torch.compile traces it: the in-place
     # all_gather_into_tensor broke Inductor's graph ("'__eq__' is not implemented for ProcessGroup"). Flat shards:
-    # gloo gathers them concatenated only.
-    gathered = collectives.all_gather_tensor(t.reshape(-1), 0, group)
-    return gathered.view(world, *t.shape)
+    # gloo gathers them concatenated only. A complex tensor travels as its real pairs: NCCL has no complex type
+    # (torch's own collectives send the real view too).
+    pairs = torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+    gathered = collectives.all_gather_tensor(pairs.reshape(-1), 0, group).view(world, *pairs.shape)
+    return torch.view_as_complex(gathered) if t.is_complex() else gathered
 
 
 def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
