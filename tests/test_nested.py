@@ -1,6 +1,6 @@
 """Jagged nested tensors in the ops (torch_reduce/nested.py). A jagged tensor means its sequences, so each result
-is checked against torch's op on each sequence (x.unbind()) in float64: every reduction over every kind of dim
-set, the row norms and the fused adds; their gradients and double backward through the same sequences;
+is checked against torch's op on each sequence (a slice of the values) in float64: every reduction over every kind
+of dim set, the row norms and the fused adds; their gradients and double backward through the same sequences;
 torch.compile, meta tensors, autocast, a converted model, torch's own jagged results where torch has them, and
 the errors."""
 import pytest
