@@ -173,10 +173,13 @@ def test_complex_tensors_like_torch(ord, device):
         tol = COMPLEX_TOL.get(t.dtype, TOL[torch.float32])
         torch.testing.assert_close(n.double().cpu(), reference_norm(t, ord).to(n.dtype).double(), **tol)
     total = torch_reduce.get_total_norm(tensors, ord)
-    want = torch.nn.utils.get_total_norm(tensors, ord)
+    # torch rounds each tensor's norm to its dtype first (complex32's to float16): a loose comparison with it. On
+    # CUDA torch's own complex32 norm is 23-43% low (H200, torch 2.11: logs/tests-jagged-vmap-complex-prod.log), so
+    # there the comparison with torch leaves complex32 out; ours is checked against float64 below.
+    like_torch = [t for t in tensors if not (t.is_cuda and t.dtype == torch.complex32)]
+    want = torch.nn.utils.get_total_norm(like_torch, ord)
     assert total.dtype == want.dtype == torch.float64  # complex128 promoted among the real types
-    # torch rounds each tensor's norm to its dtype first (complex32's to float16): a loose comparison with it
-    torch.testing.assert_close(total, want, **TOL[torch.float16])
+    torch.testing.assert_close(torch_reduce.get_total_norm(like_torch, ord), want, **TOL[torch.float16])
     torch.testing.assert_close(total.cpu(), reference_total(tensors, ord), **TOL[torch.float32])
     ours = [torch.nn.Parameter(torch.zeros(s, dtype=torch.complex64, device=device)) for s in [(33, 17), (1000,)]]
     for p in ours:
@@ -211,8 +214,8 @@ def test_complex_dtype_rules_like_torch(device):
             torch.testing.assert_close(n, m, **TORCH_TOL[dtype.to_real()])
     for tensors, dtype in (([z], torch.float32), ([z], torch.float64), ([x], torch.complex64),
                            ([z, x], torch.complex64), ([z.to(torch.complex128)], torch.complex64)):
-        with pytest.raises(RuntimeError) as theirs:
-            torch._foreach_norm(tensors, 2, dtype=dtype)
+        with pytest.raises(RuntimeError) as theirs:  # torch's CPU words (its CUDA kernel names itself instead)
+            torch._foreach_norm([t.cpu() for t in tensors], 2, dtype=dtype)
         for where in (device, "meta"):
             with pytest.raises(RuntimeError) as ours:
                 torch_reduce.foreach_norm([t.to(where) for t in tensors], 2, dtype)

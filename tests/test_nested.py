@@ -181,6 +181,10 @@ def test_over_the_ragged_dim_like_torch(device, dtype, name):
     x = torch.nested.as_nested_tensor([make(n) for n in LENGTHS], layout=torch.jagged)
     for keepdim in (False, True):
         got, want = getattr(torch_reduce, name)(x, 1, keepdim), getattr(torch, name)(x, 1, keepdim)
+        if device == "cuda" and dtype == torch.bool and name == "amax":
+            # torch's own CUDA jagged amax of bool is True everywhere (H200, torch 2.11); each sequence's any()
+            want = torch.stack([s.any(0) for s in x.unbind()])
+            want = want.unsqueeze(1) if keepdim else want
         assert got.dtype == want.dtype and got.shape == want.shape
         exact = not dtype.is_floating_point or name in ("amax", "amin")  # else: rounding, in another order
         torch.testing.assert_close(got, want, equal_nan=True, **({"atol": 0, "rtol": 0} if exact else {}))
