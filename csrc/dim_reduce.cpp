@@ -23,7 +23,7 @@ const char* reduction_name(Reduction r) {
 }
 
 // Complex numbers sum and average (two real reductions: reduce_dims), multiply (complex_product) and have norms
-// (the norm of their magnitudes, complex32's too); torch has no max or min of them.
+// (the norm of their magnitudes, complex32's too); torch has no max or min of them (complex_extremum).
 // uint16/32/64 take every row whose result may be an integer (torch's CUDA kernels take them for amax/amin, its
 // CPU ones do not).
 void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
@@ -252,9 +252,16 @@ ReduceProblem problem_of(const at::Tensor& input, const std::vector<Run>& runs, 
 
 }  // namespace
 
+bool complex_extremum(Reduction r, at::ScalarType type) {
+  return (r == Reduction::Amax || r == Reduction::Amin) && at::isComplexType(type);
+}
+
 at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& call, ReduceLauncher launch) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
-  check_dim_reduction_dtype(r, self.scalar_type());
+  // A complex amax/amin raises where torch's does: after the dims' and the empty input's checks, and only where
+  // its result has elements (torch returns an empty one, as no kernel runs).
+  const bool unsupported_extremum = complex_extremum(r, self.scalar_type());
+  if (!unsupported_extremum) check_dim_reduction_dtype(r, self.scalar_type());
   const std::optional<at::ScalarType> dtype = call.dtype;
   const at::ScalarType out_type = result_type(r, self.scalar_type(), dtype);
   if (r == Reduction::VectorNorm && at::isComplexType(self.scalar_type())) {
@@ -266,7 +273,7 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
   // dtype= casts the input first (as torch does), so the sum runs in the accumulate type of that dtype.
   // Without it the kernels read the input as it is: an integer sum accumulates in int64 anyway.
   const at::ScalarType input_type = dtype.value_or(self.scalar_type());
-  check_dim_reduction_dtype(r, input_type);
+  if (!unsupported_extremum) check_dim_reduction_dtype(r, input_type);
 
   const int64_t ndim = self.dim();
   const bool all_dims = !call.dim.has_value() || call.dim->empty();  // torch: dim=None and dim=() mean every dim
@@ -280,6 +287,15 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
     if (ndim == 0) reduce_mask.reset();
   }
   check_empty_vector_norm(r, self, call);
+  if (unsupported_extremum) {
+    std::vector<int64_t> shape;
+    for (int64_t d = 0; d < ndim; ++d) {
+      if (!reduce_mask[d]) shape.push_back(self.size(d));
+      else if (call.keepdim) shape.push_back(1);
+    }
+    if (c10::multiply_integers(shape) == 0) return at::empty(shape, self.options());
+    check_dim_reduction_dtype(r, self.scalar_type());  // raises
+  }
   if (r == Reduction::Prod && at::isComplexType(input_type))
     return complex_product(dtype ? self.to(input_type) : self, reduce_mask, call.keepdim);
 

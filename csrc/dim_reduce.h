@@ -159,6 +159,8 @@ inline at::ScalarType kernel_result_type(Reduction r, at::ScalarType input) {
 
 // Raises for a dtype the row does not take: with torch's exception type and words where torch refuses it too.
 void check_dim_reduction_dtype(Reduction r, at::ScalarType type);
+// amax or amin of a complex dtype, which check_dim_reduction_dtype refuses, but only after torch's other checks.
+bool complex_extremum(Reduction r, at::ScalarType type);
 
 // The registered ops' bodies: checks, then `launch` on the normal form (or a shortcut for empty inputs),
 // with the input's device current.

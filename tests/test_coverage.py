@@ -390,6 +390,20 @@ def test_complex_errors(dtype, device):
         for t in (x, x.to("meta")):
             with pytest.raises(NotImplementedError, match=f"\"{name}\" not implemented for 'Complex"):
                 ours(name)(t, 1)
+        # torch's order: the dims' and the empty input's errors first, and an empty result is returned, not refused.
+        empty = torch.randn(0, 3, dtype=dtype, device=device)
+        for t, args in ((x, (5,)), (x, ((1, 1),)), (empty, ()), (empty, (0,)), (empty, ((1, 1),)), (empty, (1,)),
+                        (empty, (1, True)), (empty, (-1,))):
+            try:
+                expected = torch_op(name)(t.cpu(), *args)
+            except Exception as error:  # noqa: BLE001 - whichever torch raises
+                for where in (t, t.to("meta")):
+                    with pytest.raises(type(error)):
+                        ours(name)(where, *args)
+            else:
+                for where in (t, t.to("meta")):
+                    got = ours(name)(where, *args)
+                    assert got.dtype == expected.dtype and got.shape == expected.shape and got.device == where.device
     # vector_norm's dtype= rules, in torch's words: complex for a complex input, real for a real one.
     for t, dtype in ((x, torch.float64), (x.real, torch.complex128)):
         with pytest.raises(RuntimeError) as theirs:

@@ -167,14 +167,20 @@ def _check_vector_norm_dtypes(input: torch.dtype, dtype) -> None:
 
 def _reduction_fake(name: str, t, dim, keepdim, dtype=None, ord=2.0):
     _check_layout(name, t)
-    _check_dtype(name, t.dtype)
+    # A complex amax/amin raises after the dims' checks, and only where its result has elements (reduce_dims).
+    complex_extremum = name in ("amax", "amin") and t.dtype.is_complex
+    if not complex_extremum:
+        _check_dtype(name, t.dtype)
     out_dtype = _result_dtype(name, t, dtype)
     x = t if dtype is None else t.to(dtype)
-    _check_dtype(name, x.dtype)
+    if not complex_extremum:
+        _check_dtype(name, x.dtype)
     dims = _reduced_dims(name, x, dim)
     if name == "vector_norm":
         _check_empty_vector_norm(x, float(ord), dim)
     shape = [1 if d in dims else s for d, s in enumerate(x.shape) if keepdim or d not in dims]
+    if complex_extremum and math.prod(shape) != 0:
+        _check_dtype(name, x.dtype)
     return x.new_empty(shape, dtype=out_dtype)
 
 
