@@ -132,6 +132,18 @@ def test_warns_as_torch(device, dtype):
         theirs, ours = seen
         assert bool(ours) == bool(theirs), (tuple(t.shape), dim, correction)
         assert all(w.category is UserWarning for w in ours)
+    # The unbiased forms (positional, keyword, a bool in dim's place) warn as Python's too, not on c10's log.
+    single = x[:, :1]
+    for args, kwargs in (((single, 1, True), {}), ((single, 1), {"unbiased": True, "keepdim": True}),
+                         ((single[0, 0], True), {}), ((x, 1, False), {})):
+        seen = []
+        for var_mean in (torch.var_mean, torch_reduce.var_mean):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                var_mean(*args, **kwargs)
+            seen.append([w.category for w in caught if "degrees of freedom is <= 0" in str(w.message)])
+        theirs, ours = seen  # torch warns twice for a complex input (its real and imaginary parts), ours once
+        assert bool(ours) == bool(theirs) and set(ours) <= {UserWarning}, (args, kwargs)
 
 
 # Reductions over nothing: the variance is NaN at every correction, as torch's, though a negative one makes
