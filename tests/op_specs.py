@@ -39,6 +39,9 @@ class OpSpec:
     large_inputs: Optional[Callable[..., Iterator[Sample]]] = None
     deterministic: bool = True  # the same call gives the same bits every time (on the GPU too)
     compile_samples: Optional[int] = None  # compile only the first n samples (samples that differ only in size)
+    # The float64 reference where the op rounds an intermediate to the inputs' dtype that matters: (dtype) -> a
+    # function like `torch` on float64 leaves. Default: `torch` itself.
+    float64_reference: Optional[Callable[[torch.dtype], Callable]] = None
 
     @property
     def op(self) -> Callable:
@@ -577,6 +580,19 @@ def _torch_add_rms_norm(input, residual, normalized_shape, weight=None, eps=None
     return F.rms_norm(total, normalized_shape, weight, eps), total
 
 
+def _rounded_sum_reference(norm):
+    """A fused add + norm on float64 leaves as the op and torch's add in the inputs' dtype define it: the sum
+    rounded to `dtype`, its gradient passed through unrounded, then the norm in float64. A row whose rounded sum is
+    nearly constant amplifies that rounding by rstd, which an unrounded float64 sum would count as the op's error."""
+    def reference(dtype):
+        def rounded(input, residual, *args, **kwargs):
+            total = input + residual
+            total = total + (total.to(dtype).to(total.dtype) - total).detach()
+            return norm(total, *args, **kwargs), total
+        return rounded
+    return reference
+
+
 SPECS: list[OpSpec] = [_ladder_spec(v) for v in torch_reduce.LADDER] + [
     OpSpec(name, getattr(torch_reduce, name), getattr(torch, name), reduction_samples(name),
            reduction_reference_inputs(name), reduction_error_inputs(name), reduction_multi_block_inputs(name),
@@ -592,11 +608,13 @@ SPECS: list[OpSpec] = [_ladder_spec(v) for v in torch_reduce.LADDER] + [
            without_bias(layer_norm_multi_block_inputs), large_inputs("rms_norm")),
     OpSpec("add_layer_norm", torch_reduce.add_layer_norm, _torch_add_layer_norm, with_residual(layer_norm_samples),
            with_residual(layer_norm_reference_inputs), add_norm_error_inputs,
-           add_norm_multi_block_inputs(layer_norm_multi_block_inputs), large_inputs("add_layer_norm")),
+           add_norm_multi_block_inputs(layer_norm_multi_block_inputs), large_inputs("add_layer_norm"),
+           float64_reference=_rounded_sum_reference(F.layer_norm)),
     OpSpec("add_rms_norm", torch_reduce.add_rms_norm, _torch_add_rms_norm,
            with_residual(without_bias(layer_norm_samples)), with_residual(without_bias(layer_norm_reference_inputs)),
            add_norm_error_inputs,
-           add_norm_multi_block_inputs(without_bias(layer_norm_multi_block_inputs)), large_inputs("add_rms_norm")),
+           add_norm_multi_block_inputs(without_bias(layer_norm_multi_block_inputs)), large_inputs("add_rms_norm"),
+           float64_reference=_rounded_sum_reference(F.rms_norm)),
     OpSpec("prod", torch_reduce.prod, _torch_prod, prod_samples, prod_reference_inputs,
            like_torch_error_inputs("prod"), reduction_multi_block_inputs("prod"), large_inputs("prod")),
     OpSpec("vector_norm", torch_reduce.vector_norm, torch.linalg.vector_norm, vector_norm_samples,

@@ -697,9 +697,10 @@ def test_float64_reference(spec, dtype, device):
     def check(args, kwargs):
         fn, leaves = as_function(spec.op, args, kwargs)
         ref, _ = as_function(spec.torch, args, kwargs)
+        ref64, _ = as_function(spec.float64_reference(dtype) if spec.float64_reference else spec.torch, args, kwargs)
         leaves64 = upcast_leaves(leaves)
         theirs_leaves = [leaf.detach().requires_grad_() for leaf in leaves]
-        outs, outs64, theirs = (flat_outputs(f(*ls)) for f, ls in ((fn, leaves), (ref, leaves64),
+        outs, outs64, theirs = (flat_outputs(f(*ls)) for f, ls in ((fn, leaves), (ref64, leaves64),
                                                                    (ref, theirs_leaves)))
         cotangents = [torch.randn(o.shape, device=o.device).to(o.dtype) for o in theirs]
 
