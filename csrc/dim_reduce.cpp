@@ -287,15 +287,6 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
     if (ndim == 0) reduce_mask.reset();
   }
   check_empty_vector_norm(r, self, call);
-  if (unsupported_extremum) {
-    std::vector<int64_t> shape;
-    for (int64_t d = 0; d < ndim; ++d) {
-      if (!reduce_mask[d]) shape.push_back(self.size(d));
-      else if (call.keepdim) shape.push_back(1);
-    }
-    if (c10::multiply_integers(shape) == 0) return at::empty(shape, self.options());
-    check_dim_reduction_dtype(r, self.scalar_type());  // raises
-  }
   if (r == Reduction::Prod && at::isComplexType(input_type))
     return complex_product(dtype ? self.to(input_type) : self, reduce_mask, call.keepdim);
 
@@ -311,6 +302,10 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
       reduced_count *= self.size(d);
       if (call.keepdim) out_shape.push_back(1);
     }
+  }
+  if (unsupported_extremum) {
+    if (c10::multiply_integers(out_shape) == 0) return at::empty(out_shape, self.options());
+    check_dim_reduction_dtype(r, self.scalar_type());  // raises
   }
   if (complex) out_shape.push_back(2);
   const at::ScalarType value_type = c10::toRealValueType(out_type);
