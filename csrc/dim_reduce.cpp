@@ -86,26 +86,27 @@ at::ScalarType result_type(Reduction r, at::ScalarType input, std::optional<at::
   }
 }
 
-// Reductions without an identity raise on an empty reduction, with torch's messages and in torch's order:
-// amax/amin before the dims are checked for repeats, vector_norm (orders inf and below 0) after.
-void check_empty_amax_amin(Reduction r, const at::Tensor& x, const ReduceCall& call) {
-  if ((r != Reduction::Amax && r != Reduction::Amin) || x.numel() != 0) return;
-  const char* name = reduction_name(r);
-  TORCH_CHECK(call.dim.has_value() && !call.dim->empty(), name,
-              "(): Expected reduction dim to be specified for input.numel() == 0. ",
-              "Specify the reduction dim with the 'dim' argument.");
-  for (int64_t d : *call.dim) {
-    d = at::maybe_wrap_dim(d, x.dim());
-    TORCH_CHECK_INDEX(x.size(d) != 0, name, "(): Expected reduction dim ", d, " to have non-zero size.");
+// The dims, with torch's errors in torch's order: each dim in turn is wrapped (out of range raises) and, where
+// the reduction has no identity (amax, amin; vector_norm of order inf or below 0) and the input is empty, checked
+// for a zero size, named as the caller gave it; repeats raise only after every dim passed (dim_list_to_bitset).
+// vector_norm's dims otherwise go straight to dim_list_to_bitset, which raises for range and repeats in turn.
+void check_dims(Reduction r, const at::Tensor& x, const ReduceCall& call) {
+  const bool extremum = r == Reduction::Amax || r == Reduction::Amin;
+  const bool no_identity =
+      x.numel() == 0 && (extremum || (r == Reduction::VectorNorm && (call.ord < 0 || call.ord == INFINITY)));
+  const bool every_dim = !call.dim.has_value() || call.dim->empty();
+  if (no_identity && every_dim) {
+    TORCH_CHECK(!extremum, reduction_name(r), "(): Expected reduction dim to be specified for input.numel() == 0. ",
+                "Specify the reduction dim with the 'dim' argument.");
+    TORCH_CHECK(false, "linalg.vector_norm cannot compute the ", call.ord,
+                " norm on an empty tensor because the operation does not have an identity");
   }
-}
-
-void check_empty_vector_norm(Reduction r, const at::Tensor& x, const ReduceCall& call) {
-  if (r != Reduction::VectorNorm || x.numel() != 0 || !(call.ord < 0 || call.ord == INFINITY)) return;
-  TORCH_CHECK(call.dim.has_value() && !call.dim->empty(), "linalg.vector_norm cannot compute the ", call.ord,
-              " norm on an empty tensor because the operation does not have an identity");
+  if (every_dim || (r == Reduction::VectorNorm && !no_identity)) return;
   for (int64_t d : *call.dim) {
-    TORCH_CHECK(x.size(d) != 0, "linalg.vector_norm cannot compute the ", call.ord, " norm on the dimension ", d,
+    const int64_t wrapped = at::maybe_wrap_dim(d, x.dim());  // a 0-dim tensor takes 0 and -1
+    if (!no_identity || x.size(wrapped) != 0) continue;     // an empty input has dims
+    TORCH_CHECK_INDEX(!extremum, reduction_name(r), "(): Expected reduction dim ", d, " to have non-zero size.");
+    TORCH_CHECK(false, "linalg.vector_norm cannot compute the ", call.ord, " norm on the dimension ", d,
                 "because this dimension is empty and the operation does not have an identity");
   }
 }
@@ -277,16 +278,15 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
 
   const int64_t ndim = self.dim();
   const bool all_dims = !call.dim.has_value() || call.dim->empty();  // torch: dim=None and dim=() mean every dim
-  check_empty_amax_amin(r, self, call);
+  check_dims(r, self, call);
   std::bitset<at::dim_bitset_size> reduce_mask;
   if (all_dims) {
     for (int64_t d = 0; d < ndim; ++d) reduce_mask.set(d);
   } else {
-    reduce_mask = at::dim_list_to_bitset(*call.dim, ndim);  // wraps negative dims; raises on repeats and range
+    reduce_mask = at::dim_list_to_bitset(*call.dim, ndim);  // wraps negative dims; raises on repeats
     // A 0-dim tensor's dim 0 (or -1) is the tensor itself, not the pair dim of a complex one's real view.
     if (ndim == 0) reduce_mask.reset();
   }
-  check_empty_vector_norm(r, self, call);
   if (r == Reduction::Prod && at::isComplexType(input_type))
     return complex_product(dtype ? self.to(input_type) : self, reduce_mask, call.keepdim);
 

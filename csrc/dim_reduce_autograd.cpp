@@ -130,10 +130,13 @@ struct ReduceBackward : public torch::autograd::Node {
 };
 
 // The reduction, recorded for autograd. Called after the op, which has raised torch's errors for bad dims in
-// torch's order.
+// torch's order; torch raises its autograd errors after them too.
 template <Reduction R>
 void record_reduction(const at::Tensor& result, const at::Tensor& self, const ReduceCall& call) {
   using torch::autograd::SavedVariable;
+  // Reached by a complex amax/amin only where its result is empty (otherwise the op raised): torch's error.
+  TORCH_CHECK(!complex_extremum(R, self.scalar_type()), reduction_name(R),
+              " does not support automatic differentiation for outputs with complex dtype.");
   const auto node = make_node<ReduceBackward<R>>();
   node->set_next_edges(torch::autograd::collect_next_edges(self));
   node->dims = reduced_dims(call.dim, self.dim());

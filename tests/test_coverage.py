@@ -390,20 +390,22 @@ def test_complex_errors(dtype, device):
         for t in (x, x.to("meta")):
             with pytest.raises(NotImplementedError, match=f"\"{name}\" not implemented for 'Complex"):
                 ours(name)(t, 1)
-        # torch's order: the dims' and the empty input's errors first, and an empty result is returned, not refused.
+        # torch's order: the dims' and the empty input's errors first, and an empty result is returned, not refused
+        # (but with requires_grad, autograd's error for a complex output).
         empty = torch.randn(0, 3, dtype=dtype, device=device)
         for t, args in ((x, (5,)), (x, ((1, 1),)), (empty, ()), (empty, (0,)), (empty, ((1, 1),)), (empty, (1,)),
                         (empty, (1, True)), (empty, (-1,))):
-            try:
-                expected = torch_op(name)(t.cpu(), *args)
-            except Exception as error:  # noqa: BLE001 - whichever torch raises
-                for where in (t, t.to("meta")):
-                    with pytest.raises(type(error)):
-                        ours(name)(where, *args)
-            else:
-                for where in (t, t.to("meta")):
-                    got = ours(name)(where, *args)
-                    assert got.dtype == expected.dtype and got.shape == expected.shape and got.device == where.device
+            for requires_grad in (False, True):
+                try:
+                    expected = torch_op(name)(t.detach().cpu().requires_grad_(requires_grad), *args)
+                except Exception as error:  # noqa: BLE001 - whichever torch raises
+                    for where in (t, t.to("meta")):
+                        with pytest.raises(type(error), match=re.escape(str(error)[:24])):
+                            ours(name)(where.detach().requires_grad_(requires_grad), *args)
+                else:
+                    for where in (t, t.to("meta")):
+                        got = ours(name)(where.detach().requires_grad_(requires_grad), *args)
+                        assert (got.dtype, got.shape, got.device) == (expected.dtype, expected.shape, where.device)
     # vector_norm's dtype= rules, in torch's words: complex for a complex input, real for a real one.
     for t, dtype in ((x, torch.float64), (x.real, torch.complex128)):
         with pytest.raises(RuntimeError) as theirs:
@@ -411,6 +413,42 @@ def test_complex_errors(dtype, device):
         for where in (t, t.to("meta")):
             with pytest.raises(RuntimeError, match=re.escape(str(theirs.value))):
                 ours("vector_norm")(where, dtype=dtype)
+
+
+# Bad dims raise torch's error in torch's order, whichever comes first: a dim out of range before a repeat (sum,
+# mean, amax, amin; vector_norm and var_mean check each dim in turn), an empty reduction without an identity before
+# either (named as the caller gave it). Fixed cases, then fresh random lists; the meta tensors' fake kernels too.
+DIMS_ERROR_OPS = {
+    "sum": (torch.sum, torch_reduce.sum), "mean": (torch.mean, torch_reduce.mean),
+    "amax": (torch.amax, torch_reduce.amax), "amin": (torch.amin, torch_reduce.amin),
+    "vector_norm": (lambda x, d: torch.linalg.vector_norm(x, 2, d), lambda x, d: torch_reduce.vector_norm(x, 2, d)),
+    "vector_norm inf": (lambda x, d: torch.linalg.vector_norm(x, math.inf, d),
+                        lambda x, d: torch_reduce.vector_norm(x, math.inf, d)),
+    "var_mean": (torch.var_mean, torch_reduce.var_mean),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("name", list(DIMS_ERROR_OPS))
+def test_dims_errors_in_torchs_order(name, device):
+    theirs, op = DIMS_ERROR_OPS[name]
+    cases = [((), [0, 0, 1]), ((), [-1, -1]), ((2, 3), [0, 0, 2]), ((2, 3), [1, -1, -3]), ((2, 0), [-1]),
+             ((2, 0), [-1, 2]), ((2, 0), [-1, 1]), ((2, 0), [0, -2, 5]), ((1, 0, 2), [-2, 0, -1])]
+    for shape in ((), (3,), (2, 0), (1, 0, 2), (2, 3, 4)):
+        for _ in range(6):
+            bound = len(shape) + 2
+            cases.append((shape, torch.randint(-bound, bound, (int(torch.randint(1, 5, ())),)).tolist()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # var_mean's degrees of freedom <= 0
+        for shape, dims in cases:
+            x = torch.randn(shape)
+            try:
+                theirs(x, dims)
+            except (IndexError, RuntimeError) as error:
+                with pytest.raises(type(error), match=f"^{re.escape(str(error).splitlines()[0])}"):
+                    op(x.to(device), dims)
+            else:
+                op(x.to(device), dims)
 
 
 # A complex vector norm is the norm of the magnitudes: a real result, torch's gradients (through sgn).

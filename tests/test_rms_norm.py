@@ -241,6 +241,30 @@ def test_convert_norms_leaves_the_random_stream_alone(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_convert_norms_on_the_meta_device(device):
+    """A model built on the meta device, converted, then materialized (to_empty and a state_dict, as FSDP2 and large
+    checkpoints do) is converted as one built on a real device, and computes the same; the look-alikes stay alone."""
+    reference = norms_model().to(device)
+    with torch.no_grad():
+        for m in reference.modules():
+            if hasattr(m, "weight") and m.weight is not None and m.weight.dim() == 1:
+                m.weight.normal_(1, 0.3)
+    with torch.device("meta"):
+        model = norms_model()
+    torch.manual_seed(1)
+    want = torch.rand(4)
+    torch.manual_seed(1)
+    torch_reduce.nn.convert_norms(model)
+    torch.testing.assert_close(torch.rand(4), want, rtol=0, atol=0)  # the probe's stand-in drew from its own stream
+    on_real = torch_reduce.nn.convert_norms(copy.deepcopy(reference))
+    assert [type(m) for m in model] == [type(m) for m in on_real]
+    assert type(model[3]) is not LlamaStyleRMSNorm and type(model[4]) is GemmaStyleRMSNorm
+    model.to_empty(device=device).load_state_dict(reference.state_dict())
+    x = torch.randn(4, 16, device=device)
+    torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
                                     (torch.bfloat16, torch.bfloat16)], ids=["bf16_in", "bf16_weight", "bf16_both"])
 def test_transformers_style_norm_keeps_its_dtypes(dtypes, device):

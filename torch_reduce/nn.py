@@ -1,6 +1,8 @@
 """torch.nn.LayerNorm and torch.nn.RMSNorm on the fused kernels, and converters for whole models."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .functional import _rms_weight, layer_norm, rms_norm
@@ -92,7 +94,8 @@ def _is_transformers_rms_norm(module: torch.nn.Module) -> bool:
     """A module written like transformers' LlamaRMSNorm: a class named ...RMSNorm with one 1-dim parameter,
     ``weight``, a float ``variance_epsilon``, no children, and a forward that computes what
     _transformers_rms_norm_forward computes (checked on a few rows in the weight's dtype and in float32, so
-    that a look-alike with another formula, such as Gemma's (1 + weight), is left alone)."""
+    that a look-alike with another formula, such as Gemma's (1 + weight), is left alone; a meta weight's module
+    is checked on a copy with a random CPU weight)."""
     cls = type(module)
     params = dict(module.named_parameters(recurse=False))
     if not (cls.__name__.endswith("RMSNorm") and list(params) == ["weight"] and params["weight"].dim() == 1
@@ -100,10 +103,13 @@ def _is_transformers_rms_norm(module: torch.nn.Module) -> bool:
             and cls.forward is not _transformers_rms_norm_forward):
         return False
     weight = params["weight"]
-    if weight.device.type == "meta":
-        return False
     # A generator of its own: converting a model leaves the caller's random stream where it was.
-    generator = torch.Generator(weight.device).manual_seed(0)
+    generator = torch.Generator(weight.device if weight.device.type != "meta" else "cpu").manual_seed(0)
+    if weight.device.type == "meta":  # a model built on the meta device, materialized later: probe a CPU stand-in
+        module = copy.copy(module)
+        module._parameters = {"weight": torch.nn.Parameter(
+            torch.randn(weight.shape, dtype=weight.dtype, generator=generator), requires_grad=False)}
+        weight = module.weight
     with torch.no_grad(), torch.autocast(weight.device.type, enabled=False):
         for dtype in dict.fromkeys((weight.dtype, torch.float32)):
             x = torch.randn(3, weight.numel(), device=weight.device, dtype=dtype, generator=generator)

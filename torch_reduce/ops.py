@@ -92,39 +92,37 @@ def _check_layout(name: str, t: torch.Tensor) -> None:
                               f"{_LAYOUT_NAMES.get(t.layout, 'a non-strided layout')}; {hint}")
 
 
-def _reduced_dims(name: str, t: torch.Tensor, dim) -> list[int]:
-    """The dims a reduction folds, wrapped and sorted, with torch's errors: None or () means every dim."""
+def _reduced_dims(name: str, t: torch.Tensor, dim, ord: float = 2.0) -> list[int]:
+    """The dims a reduction folds, wrapped and sorted, with torch's errors in torch's order (check_dims in
+    csrc/dim_reduce.cpp, then dim_list_to_bitset): None or () means every dim."""
     ndim = t.dim()
+    extremum = name in ("amax", "amin")
+    no_identity = t.numel() == 0 and (extremum or (name == "vector_norm" and (ord < 0 or ord == math.inf)))
     if dim is None or len(dim) == 0:
-        if name in ("amax", "amin") and t.numel() == 0:
+        if no_identity and extremum:
             raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
                                "Specify the reduction dim with the 'dim' argument.")
+        if no_identity:
+            raise RuntimeError(f"linalg.vector_norm cannot compute the {ord:g} norm on an empty tensor because the "
+                               "operation does not have an identity")
         return list(range(ndim))
     bound = max(ndim, 1)  # a 0-dim tensor takes dim 0 and -1
-    seen = []
+    wrapped = []
     for d in dim:
         if not -bound <= d < bound:
             raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], but got {d})")
-        d = d % bound
-        if name in ("amax", "amin") and t.numel() == 0 and t.shape[d] == 0:  # torch checks this before repeats
-            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
-        if d in seen:
-            raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
-        seen.append(d)
-    return sorted(d for d in seen if d < ndim)
-
-
-def _check_empty_vector_norm(t: torch.Tensor, ord: float, dim) -> None:
-    """Orders inf and below 0 have no identity: an empty reduction raises (after the dims are checked)."""
-    if t.numel() != 0 or not (ord < 0 or ord == math.inf):
-        return
-    if dim is None or len(dim) == 0:
-        raise RuntimeError(f"linalg.vector_norm cannot compute the {ord:g} norm on an empty tensor because the "
-                           "operation does not have an identity")
-    for d in dim:
-        if t.shape[d] == 0:
+        if d % bound in wrapped and name in ("vector_norm", "var_mean") and not no_identity:  # checked in turn
+            raise RuntimeError(f"dim {d % bound} appears multiple times in the list of dims")
+        wrapped.append(d % bound)
+        if no_identity and t.shape[d] == 0:
+            if extremum:
+                raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
             raise RuntimeError(f"linalg.vector_norm cannot compute the {ord:g} norm on the dimension {d}because this "
                                "dimension is empty and the operation does not have an identity")
+    for i, d in enumerate(wrapped):
+        if d in wrapped[:i]:
+            raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
+    return sorted(d for d in wrapped if d < ndim)
 
 
 def _result_dtype(name: str, t: torch.Tensor, dtype) -> torch.dtype:
@@ -175,9 +173,7 @@ def _reduction_fake(name: str, t, dim, keepdim, dtype=None, ord=2.0):
     x = t if dtype is None else t.to(dtype)
     if not complex_extremum:
         _check_dtype(name, x.dtype)
-    dims = _reduced_dims(name, x, dim)
-    if name == "vector_norm":
-        _check_empty_vector_norm(x, float(ord), dim)
+    dims = _reduced_dims(name, x, dim, float(ord))
     shape = [1 if d in dims else s for d, s in enumerate(x.shape) if keepdim or d not in dims]
     if complex_extremum and math.prod(shape) != 0:
         _check_dtype(name, x.dtype)
