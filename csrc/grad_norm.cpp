@@ -1,5 +1,6 @@
 #include "grad_norm.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -44,6 +45,10 @@ void check_clip_grads(at::TensorList grads, const at::Tensor& total_norm, const 
   TORCH_CHECK(total_norm.dim() == 0 && is_float_type(total_norm.scalar_type()), op,
               ": total_norm must be a 0-dim floating tensor, got shape ", total_norm.sizes(), " of ",
               total_norm.scalar_type());
+  // torch's error for an expanded gradient, raised whether or not it would be scaled (the CPU kernel skips a
+  // coefficient of 1), and before any gradient is.
+  for (const at::Tensor& g : grads)
+    if (g.layout() == at::kStrided) at::assert_no_internal_overlap(g);
 }
 
 at::ScalarType total_norm_dtype(at::TensorList tensors) {

@@ -389,6 +389,31 @@ def test_non_contiguous_grads(device):
     assert params[1].grad.stride() == (60, 2)  # scaled in place
 
 
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("max_norm", [0.5, 1e9], ids=["clips", "keeps"])
+def test_expanded_grad_raises_like_torch(max_norm, device):
+    """A gradient whose elements share memory (expanded) cannot be scaled in place: torch's error, whether or not
+    the norm is within max_norm (torch's in-place product raises either way), before any gradient is scaled."""
+    def params_with_an_expanded_grad():
+        params = [torch.nn.Parameter(torch.randn(4, 3, device=device)) for _ in range(2)]
+        params[0].grad = torch.randn(4, 3, device=device)
+        params[1].grad = torch.randn(1, 3, device=device).expand(4, 3)
+        return params
+
+    match = "more than one element of the written-to tensor refers to a single memory location"
+    if device != "meta":
+        with pytest.raises(RuntimeError, match=match):
+            torch.nn.utils.clip_grad_norm_(params_with_an_expanded_grad(), max_norm)
+    params = params_with_an_expanded_grad()
+    before = params[0].grad.clone()
+    with pytest.raises(RuntimeError, match=match):
+        torch_reduce.clip_grad_norm_(params, max_norm)
+    with pytest.raises(RuntimeError, match=match):
+        torch_reduce.clip_grads_with_norm_(params, max_norm, torch.tensor(1.0, device=device))
+    if device != "meta":
+        assert torch.equal(params[0].grad, before)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ord", [2, 1, INF, 0, -INF, 1.5, -1], ids=str)
 def test_sparse_gradients(ord, device):

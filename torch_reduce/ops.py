@@ -438,6 +438,10 @@ def _check_grads(op: str, grads) -> None:
         if g.dtype not in _FLOATS and not g.dtype.is_complex:
             raise RuntimeError(f"{op}: expected floating point or complex gradients (float32, float64, float16, "
                                f"bfloat16, complex32, complex64, complex128), got {_c10_name(g.dtype)}")
+    for g in grads:  # at::assert_no_internal_overlap's (1: overlaps for sure)
+        if g.layout == torch.strided and torch._debug_has_internal_overlap(g) == 1:
+            raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
+                               "single memory location. Please clone() the tensor before performing the operation.")
 
 
 @torch.library.register_fake("reduce::clip_grad_norm_")
