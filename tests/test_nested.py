@@ -15,7 +15,7 @@ LENGTHS = (3, 1, 0, 6)  # sequences of (length, 3, 4); an empty one among them
 # holes: a view of a padded tensor (lengths given: the values hold elements no sequence has).
 LAYOUTS = ["packed", "transposed", "holes"]
 REDUCTIONS = ["sum", "mean", "amax", "amin", "prod", "vector_norm", "var_mean"]
-PADDED = ("sum", "mean", "amax", "amin", "prod")  # over the ragged dim alone, as torch's jagged ops
+PADDED = ("sum", "mean", "amax", "amin", "prod")  # over the ragged dim without the batch dim, as torch's jagged ops
 
 
 def jagged(layout, dtype, device, requires_grad=False, like=None):
@@ -45,10 +45,13 @@ def dims_of(kind, x):
     ragged = x._ragged_idx
     inner = [d for d in range(1, x.dim()) if d != ragged]
     return {"one inner": [inner[-1]], "two inner": inner, "batch and ragged": [0, ragged],
-            "batch, ragged, inner": [0, ragged, inner[0]], "every dim": None, "ragged alone": [ragged]}[kind]
+            "batch, ragged, inner": [0, ragged, inner[0]], "every dim": None, "ragged alone": [ragged],
+            "ragged and inner": sorted([ragged, inner[-1]])}[kind]
 
 
-DIM_KINDS = ["one inner", "two inner", "batch and ragged", "batch, ragged, inner", "every dim", "ragged alone"]
+DIM_KINDS = ["one inner", "two inner", "batch and ragged", "batch, ragged, inner", "every dim", "ragged alone",
+             "ragged and inner"]
+PER_SEQUENCE = ("ragged alone", "ragged and inner")  # dense results, one a sequence
 
 
 def call(name, x, dims, keepdim):
@@ -87,7 +90,7 @@ def reference(name, x, sequences, dims, keepdim):
         return tuple(o.unsqueeze(0) for o in out) if isinstance(out, tuple) and keepdim else \
             out.unsqueeze(0) if keepdim else out
     each = [on_dense(name, s, inner, keepdim) for s in sequences]
-    if dims == [ragged]:  # one result per sequence, dense
+    if ragged in dims:  # one result per sequence, dense
         return tuple(torch.stack(parts) for parts in zip(*each)) if name == "var_mean" else torch.stack(each)
     return tuple(list(parts) for parts in zip(*each)) if name == "var_mean" else each
 
@@ -149,8 +152,8 @@ def test_reductions_are_the_sequences(device, layout, kind, name):
             with pytest.raises(RuntimeError, match="ragged dim of a jagged tensor with holes"):
                 call(name, x, dims, keepdim)
             continue
-        if kind == "ragged alone" and name not in PADDED:
-            with pytest.raises(RuntimeError, match="ragged dim of a jagged tensor alone is supported for sum"):
+        if kind in PER_SEQUENCE and name not in PADDED:
+            with pytest.raises(RuntimeError, match="ragged dim of a jagged tensor without its batch dim is supported"):
                 call(name, x, dims, keepdim)
             continue
         got = call(name, x, dims, keepdim)
@@ -164,7 +167,7 @@ def test_reductions_are_the_sequences(device, layout, kind, name):
         for g, w in zip(got, want):
             assert g.shape == w.shape and g.dtype == w.dtype
             torch.testing.assert_close(g, w, equal_nan=True)
-        if name not in ("amax", "amin") or kind != "ragged alone":  # an empty sequence's max is no function of x
+        if name not in ("amax", "amin") or kind not in PER_SEQUENCE:  # an empty sequence's max is no function of x
             check_gradients(got, want, [source])
 
 

@@ -14,11 +14,12 @@ offsets, lengths and nested int: ``layer_norm(x) + x`` works):
   dims that are neither the batch dim nor the ragged dim -> jagged results;
   the batch and the ragged dim together (with any others, or every dim) -> dense results, over every element of every
   sequence;
-  the ragged dim alone (sum, mean, amax, amin, prod, as torch's) -> dense, one result per sequence, from the
-  sequences padded (mean: the sum over each sequence's length). An empty sequence gives what torch's gives: 0, NaN,
-  the dtype's lowest and highest value, 1.
+  the ragged dim without the batch dim (sum, mean, amax, amin, prod; alone, as torch's, or with other dims, which
+  torch refuses) -> dense, one result per sequence, from the sequences padded (mean: the sum over each sequence's
+  element count). An empty sequence gives what torch's gives: 0, NaN, the dtype's lowest and highest value, 1.
   Anything else raises, as torch raises: the batch dim without the ragged dim, the ragged dim of a tensor with holes
-  (``lengths`` given), the ragged dim alone in var_mean and vector_norm (torch has no jagged kernel for either).
+  (``lengths`` given), the ragged dim without the batch dim in var_mean and vector_norm (torch has no jagged kernel
+  for either).
 
 The kernels are registered for the AutogradNestedTensor dispatch key, above autograd, and are written in
 differentiable ops (values(), the dense op, a nested view of its result): gradients, double backward and
@@ -26,6 +27,8 @@ torch.compile run on the dense op's own autograd. Below autograd, torch's jagged
 backward formulas on jagged tensors, which cannot be viewed as the formulas view them.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch.nested._internal.nested_tensor import NestedTensor, nested_view_from_values_offsets_lengths
@@ -38,7 +41,7 @@ _ROW_OUTPUTS = {"layer_norm_fwd": (0,), "rms_norm_fwd": (0,), "add_layer_norm_fw
                 "layer_norm_bwd": (0,), "rms_norm_bwd": (0,)}
 # The arguments of the row norms that have the input's rows (the statistics may be dense: the forward gives them so).
 _ROW_ARGUMENTS = ("residual", "grad_out", "grad_sum")
-# The reductions over the ragged dim alone (over the sequences padded: _identity).
+# The reductions over the ragged dim without the batch dim (over the sequences padded: _identity).
 _PADDED = ("sum", "mean", "prod", "amax", "amin")
 
 
@@ -110,7 +113,7 @@ def _dim_reduction(func, args, kwargs):
                            f"({ragged_idx}) reduced too, as in torch")
     inner = sorted({ragged_idx - 1 if d == 0 else d - 1 for d in dims})  # the batch dim is the values' packed dim
     if ragged and not batch:
-        return _over_sequences(func, name, a, input_name, x, inner)
+        return _over_sequences(func, name, a, input_name, x, dims)
     out = func(**{**a, input_name: x.values(), "dim": inner})
     if batch:  # every sequence's elements together: dense
         return _each(out, lambda o: o.unsqueeze(0)) if keepdim else out
@@ -128,21 +131,24 @@ def _whole_sum(func, args, kwargs):
     return func(**{**a, "t": x.values()})
 
 
-def _over_sequences(func, name: str, a: dict, input_name: str, x: NestedTensor, inner: list[int]):
-    """One result per sequence: the ragged dim alone, over the sequences padded (_identity)."""
+def _over_sequences(func, name: str, a: dict, input_name: str, x: NestedTensor, dims: list[int]):
+    """One result per sequence: the ragged dim and any other dims but the batch dim, over the sequences padded
+    (_identity)."""
     if name not in _PADDED:
-        raise RuntimeError(f"{func}: reducing over the ragged dim of a jagged tensor alone is supported for "
-                           f"{', '.join(_PADDED)}, as torch supports it; reduce each sequence (x.unbind()) or the "
-                           "padded tensor (torch.nested.to_padded_tensor) instead")
-    func(**{**a, input_name: torch.empty_like(x.values(), device="meta"), "dim": inner})  # the op's own errors
+        raise RuntimeError(f"{func}: reducing over the ragged dim of a jagged tensor without its batch dim is "
+                           f"supported for {', '.join(_PADDED)}, as torch supports it; reduce each sequence "
+                           "(x.unbind()) or the padded tensor (torch.nested.to_padded_tensor) instead")
+    padded_shape = [x._get_max_seqlen() if d == x._ragged_idx else n for d, n in enumerate(x.shape)]
+    func(**{**a, input_name: torch.empty(padded_shape, dtype=x.dtype, device="meta"), "dim": dims})  # its own errors
     padded = _padded(x, _identity(name, x.dtype, x.device))
     if name != "mean":
-        return func(**{**a, input_name: padded, "dim": [x._ragged_idx]})
+        return func(**{**a, input_name: padded, "dim": dims})
     out_dtype = a["dtype"] or x.dtype
     accumulate = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype  # one rounding
-    total = torch.ops.reduce.sum(padded, [x._ragged_idx], a["keepdim"], dtype=accumulate)
-    lengths = x.offsets().diff()
-    count = lengths.to(accumulate).view([lengths.numel()] + [1] * (total.dim() - 1))
+    total = torch.ops.reduce.sum(padded, dims, a["keepdim"], dtype=accumulate)
+    # a sequence's count: its length times the sizes of the other reduced dims (the same for every sequence)
+    count = x.offsets().diff() * math.prod(x.shape[d] for d in dims if d != x._ragged_idx)
+    count = count.to(accumulate).view([count.numel()] + [1] * (total.dim() - 1))
     return (total / count).to(out_dtype)
 
 
