@@ -6,13 +6,12 @@ bit-for-bit reproducibility, CPU and CUDA tensors in one list, CUDA graphs, side
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
 
 import torch_reduce
-from conftest import CUDA, DEVICES, FLOAT_DTYPES, requires_cuda
+from conftest import DEVICES, FLOAT_DTYPES, requires_cuda
 
 INF = math.inf
 ORDS = [2, 1, INF, -INF, 0, 3, 0.5, 1.5, -1, -0.5]

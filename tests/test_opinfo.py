@@ -1,6 +1,7 @@
-"""PyTorch's own OpInfo samples (torch.testing._internal's op_db) for var_mean, sum, mean, amax, amin, prod and
-linalg.vector_norm: ours, called with exactly a sample's input, args and kwargs, gives torch's result (values,
-dtype, shape).
+"""PyTorch's own OpInfo samples (torch.testing._internal's op_db) for var_mean, sum, mean, amax, amin, prod,
+linalg.vector_norm, layer_norm and rms_norm: ours, called with exactly a sample's input, args and kwargs, gives
+torch's result (values, dtype, shape), but for the two kinds of norm samples we refuse (README: a negative eps, a
+complex RMSNorm); and their error inputs raise torch's type of error.
 
 No sample is skipped: op_db's sample_inputs never pass out= (OpInfo's test_out builds those from
 supports_out, and out= is outside the spec), and every dtype OpInfo lists for the op is run among float32,
@@ -20,7 +21,8 @@ from conftest import DEVICES  # noqa: E402
 from op_specs import SELF_CHECK, describe  # noqa: E402
 from test_op_contract import TOL, assert_same  # noqa: E402
 
-NAMES = ("var_mean", "sum", "mean", "amax", "amin", "prod", "linalg.vector_norm")
+NAMES = ("var_mean", "sum", "mean", "amax", "amin", "prod", "linalg.vector_norm", "nn.functional.layer_norm",
+         "nn.functional.rms_norm")
 OPINFOS = [op for op in op_db if op.name in NAMES]
 assert {op.name for op in OPINFOS} == set(NAMES)
 pytestmark = [pytest.mark.filterwarnings("ignore:var_mean.*degrees of freedom"),
@@ -30,11 +32,20 @@ pytestmark = [pytest.mark.filterwarnings("ignore:var_mean.*degrees of freedom"),
 def ours(name):
     if SELF_CHECK:
         return functools.reduce(getattr, name.split("."), torch)
-    return getattr(torch_reduce, name.split(".")[-1])  # linalg.vector_norm is torch_reduce.vector_norm
+    return getattr(torch_reduce, name.split(".")[-1])  # linalg.vector_norm is torch_reduce.vector_norm, and so on
 
 
 def opinfo_id(op):
     return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def refusal(opinfo, dtype, kwargs):
+    """The words of our error where we refuse a call torch takes (README): a complex RMSNorm, a negative eps."""
+    if SELF_CHECK:
+        return None
+    if opinfo.name == "nn.functional.rms_norm" and dtype.is_complex:
+        return "expected a float32, float64, float16 or bfloat16 input"
+    return "eps must be non-negative" if kwargs.get("eps", 0) < 0 else None
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -49,6 +60,11 @@ def test_opinfo_samples(opinfo, dtype, device):
         for s in (sample, sample.noncontiguous()):
             call = describe((s.input, *s.args), s.kwargs)
             want = opinfo.op(s.input, *s.args, **s.kwargs)
+            refused = refusal(opinfo, dtype, s.kwargs)
+            if refused:
+                with pytest.raises(RuntimeError, match=refused):
+                    ours(opinfo.name)(s.input, *s.args, **s.kwargs)
+                continue
             try:
                 got = ours(opinfo.name)(s.input, *s.args, **s.kwargs)
                 assert_same(tuple(got) if isinstance(got, tuple) else got,
@@ -56,6 +72,16 @@ def test_opinfo_samples(opinfo, dtype, device):
             except Exception as error:  # noqa: BLE001  (collected: every failing sample is listed)
                 failures.append(f"{opinfo.name}({call}): {type(error).__name__}: {str(error).splitlines()[0][:200]}")
     assert not failures, f"{len(failures)} sample(s) failed:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opinfo", [op for op in OPINFOS if op.error_inputs_func is not None], ids=opinfo_id)
+def test_opinfo_error_inputs(opinfo, device):
+    """Each of OpInfo's error inputs raises torch's type of error (the words may be ours)."""
+    for error in opinfo.error_inputs(device):
+        s = error.sample_input
+        with pytest.raises(error.error_type):
+            ours(opinfo.name)(s.input, *s.args, **s.kwargs)
 
 
 # torch.var_mean's three signatures: (dim, *, correction, keepdim), (dim, unbiased, keepdim), (unbiased).
