@@ -349,6 +349,9 @@ def reduction_error_inputs(name):
         # A bool or a float is not a dim (the op's schema would read True as 1).
         for dim in (True, [True], 1.0):
             yield ErrorInput((x, dim), {}, TypeError, "must be tuple of ints", ours_message=True)
+        if name in ("sum", "mean"):  # a dtype's name is not a dtype (the op's schema would raise a RuntimeError)
+            yield ErrorInput((x, 1), {"dtype": "float64"}, TypeError, "argument 'dtype' must be torch.dtype",
+                             ours_message=True)
         if name != "vector_norm":  # torch's CPU kernels do not sum or multiply complex32 either
             yield ErrorInput((torch.ones(3, dtype=torch.complex32, device=device),), {}, RuntimeError,
                              "unsupported dtype", ours_only=True)
@@ -374,6 +377,7 @@ def var_mean_error_inputs(device):
     yield ErrorInput((x, (1, -1)), {}, RuntimeError, "appears multiple times")
     yield ErrorInput((x, [True]), {}, TypeError, "must be tuple of ints", ours_message=True)
     yield ErrorInput((x, 1.0), {}, TypeError, "must be tuple of ints", ours_message=True)
+    yield ErrorInput((x, 1), {"correction": "1"}, TypeError, "argument 'correction' must be Number", ours_message=True)
 
 
 def layer_norm_error_inputs(device):
@@ -436,6 +440,11 @@ def like_torch_error_inputs(name):
         for dim in (True, [True], 1.0):  # not dims (the op's schema would read True as 1)
             yield ErrorInput((x, dim) if name == "prod" else (x, 2, dim), {}, TypeError, "must be tuple of ints",
                              ours_message=True)
+        # a dtype's name, an order's name: TypeErrors (the op's schema would raise RuntimeErrors)
+        yield ErrorInput((x, 1) if name == "prod" else (x, 2, 1), {"dtype": "float64"}, TypeError,
+                         "argument 'dtype' must be torch.dtype", ours_message=True)
+        if name != "prod":
+            yield ErrorInput((x, "fro"), {}, TypeError, "argument 'ord' must be Number", ours_message=True)
         if name == "prod":
             for args in ((x, 2), (x, -3), (torch.tensor(2.0, device=device), 1)):
                 yield ErrorInput(args, {}, (RuntimeError, IndexError))

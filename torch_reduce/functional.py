@@ -38,7 +38,7 @@ def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool =
     elif correction is _NOT_GIVEN:
         correction = None
     else:
-        correction = _number(correction)
+        correction = _number("var_mean", correction, "correction")
     dim = _dims("var_mean", dim)
     dims = [dim] if isinstance(dim, int) else dim
     if unbiased is not _NOT_GIVEN and type(input) in _entry_points.PLAIN_TENSOR_TYPES and not torch.compiler.is_compiling():

@@ -9,6 +9,7 @@ for every other.
 """
 from __future__ import annotations
 
+import numbers
 import operator
 import warnings
 from typing import Callable, Optional, Sequence, Union
@@ -70,11 +71,21 @@ def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Calla
     return out.copy_(result)
 
 
-def _number(value):
+def _number(name: str, value, argument: str):
     """A number as the op's schema takes it: a 0-dim tensor or a numpy scalar becomes its Python number, as torch's
-    argument parser takes them for a Scalar (vector_norm's ord, var_mean's correction)."""
+    argument parser takes them for a Scalar (vector_norm's ord, var_mean's correction); anything else that is not a
+    number raises its TypeError (the schema's would be a RuntimeError). None stays None (a correction's default)."""
     if isinstance(value, torch.Tensor) or type(value).__module__ == "numpy":
         return value.item()
+    if value is not None and not isinstance(value, numbers.Number):
+        raise TypeError(f"{name}(): argument '{argument}' must be Number, not {type(value).__name__}")
+    return value
+
+
+def _dtype(name: str, value):
+    """dtype=: None or a torch.dtype, with torch's TypeError for anything else."""
+    if value is not None and not isinstance(value, torch.dtype):
+        raise TypeError(f"{name}(): argument 'dtype' must be torch.dtype, not {type(value).__name__}")
     return value
 
 
@@ -123,6 +134,7 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
                     raise TypeError(f"{name}(): out= needs dim (None: every dim), as torch.{name}'s does")
                 dim = None
             dim, keepdim = _dims(name, dim), False if keepdim is _NO_KEEPDIM else _bool(name, keepdim)
+            dtype = _dtype(name, dtype)
             if out is None:
                 return op(input, dim, keepdim, dtype=dtype)
             return _write_out(name, input, out, lambda d: op(input, dim, keepdim, dtype=d), dtype)
@@ -137,7 +149,8 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     else:
         def reduction(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool = False, *,
                       dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-            dim, ord, keepdim = _dims(name, dim), _number(ord), _bool(name, keepdim)
+            dim, ord, keepdim = _dims(name, dim), _number(name, ord, "ord"), _bool(name, keepdim)
+            dtype = _dtype(name, dtype)
             if out is None:
                 return op(x, ord, dim, keepdim, dtype=dtype)
             return _write_out(name, x, out, lambda d: op(x, ord, dim, keepdim, dtype=d), dtype)
