@@ -396,6 +396,10 @@ def layer_norm_error_inputs(device):
                      "expected a float32", ours_only=True)
     yield ErrorInput((x, (6,)), {"eps": None}, TypeError, "argument 'eps' must be float", ours_message=True)
     yield ErrorInput((x[:, :1], True), {}, TypeError, "must be tuple of ints", ours_message=True)  # not a shape
+    # Wrong types: torch's TypeErrors (the op's schema would raise RuntimeErrors).
+    yield ErrorInput((x, (6,)), {"eps": "1e-5"}, TypeError, "argument 'eps' must be float", ours_message=True)
+    yield ErrorInput((x, (6,), [1.0] * 6), {}, TypeError, "argument 'weight' must be Tensor", ours_message=True)
+    yield ErrorInput((x, None), {}, TypeError, "must be tuple of ints", ours_message=True)
 
 
 def rms_norm_error_inputs(device):
@@ -410,6 +414,8 @@ def rms_norm_error_inputs(device):
     yield ErrorInput((x, (6,), w.int()), {}, RuntimeError, "weight must have the input's dtype", ours_only=True)
     yield ErrorInput((x, (6,)), {"eps": -1.0}, RuntimeError, "eps must be non-negative", ours_only=True)
     yield ErrorInput((x[:, :1], (True,)), {}, TypeError, "must be tuple of ints", ours_message=True)  # not a shape
+    yield ErrorInput((x, (6,)), {"eps": "1e-5"}, TypeError, "argument 'eps' must be float", ours_message=True)
+    yield ErrorInput((x, (6,), [1.0] * 6), {}, TypeError, "argument 'weight' must be Tensor", ours_message=True)
     # torch raises NotImplementedError for integers.
     yield ErrorInput((torch.ones(4, 6, dtype=torch.int32, device=device), (6,)), {}, RuntimeError,
                      "expected a float32", ours_only=True)
@@ -428,6 +434,7 @@ def add_norm_error_inputs(device):
                      error=RuntimeError, ours_message=True)
     yield ErrorInput((x, x, (6,), w), {"eps": -1.0}, RuntimeError, "eps must be non-negative", ours_only=True)
     yield ErrorInput((x.int(), x.int(), (6,)), {}, RuntimeError, "expected a float32", ours_only=True)
+    yield ErrorInput((x, None, (6,)), {}, TypeError, "argument 'residual' must be Tensor", ours_message=True)
 
 
 def like_torch_error_inputs(name):

@@ -3,6 +3,7 @@ add_rms_norm, on torch.ops.reduce (differentiable, torch.compile-able). What is 
 (csrc/fast_call.cpp) over the wrappers written here."""
 from __future__ import annotations
 
+import numbers
 from numbers import Number
 from typing import Optional, Sequence, Union
 
@@ -50,9 +51,27 @@ def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool =
 
 def _normalized_shape(name: str, normalized_shape) -> list[int]:
     """normalized_shape as a list of ints (an int is one dim, as nn.LayerNorm takes it), with torch's TypeError for
-    what is not a shape (a bool, which the op's schema would read as 1)."""
+    what is not a shape (None; a bool, which the op's schema would read as 1)."""
+    if normalized_shape is None:
+        raise TypeError(f"{name}(): argument 'normalized_shape' must be tuple of ints, not NoneType")
     shape = _dims(name, normalized_shape, "normalized_shape")
     return [shape] if isinstance(shape, int) else shape
+
+
+def _float(name: str, value, argument: str, optional: bool = False):
+    """A float argument (eps) as the op's schema takes it, with torch's TypeError for what is not a number (the
+    schema's would be a RuntimeError); None only where it is optional (rms_norm's eps)."""
+    if (value is None and optional) or isinstance(value, (numbers.Real, torch.Tensor)) or \
+            type(value).__module__ == "numpy":
+        return value
+    raise TypeError(f"{name}(): argument '{argument}' must be float, not {type(value).__name__}")
+
+
+def _tensor(name: str, value, argument: str, optional: bool = True):
+    """A tensor argument (weight, bias: optional; residual), with torch's TypeError for anything else."""
+    if isinstance(value, torch.Tensor) or (value is None and optional):
+        return value
+    raise TypeError(f"{name}(): argument '{argument}' must be Tensor, not {type(value).__name__}")
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[torch.Tensor] = None,
@@ -60,10 +79,9 @@ def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     """F.layer_norm: normalize over the trailing ``normalized_shape`` dims, then scale and shift. weight and
     bias may be float32 beside a float16/bfloat16 input (mixed precision): the output keeps the input's dtype,
     their gradients are float32."""
-    if eps is None:
-        raise TypeError("layer_norm(): argument 'eps' must be float, not NoneType")
-    return torch.ops.reduce.layer_norm_fwd.default(input, _normalized_shape("layer_norm", normalized_shape), weight,
-                                                   bias, eps)[0]
+    shape, eps = _normalized_shape("layer_norm", normalized_shape), _float("layer_norm", eps, "eps")
+    weight, bias = _tensor("layer_norm", weight, "weight"), _tensor("layer_norm", bias, "bias")
+    return torch.ops.reduce.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]
 
 
 def _rms_weight(input: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -85,7 +103,8 @@ def rms_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], w
     is the machine epsilon of float32 (float64 for a float64 input), as torch's. weight may be float32 beside a
     float16/bfloat16 input (mixed precision): the output keeps the input's dtype, weight's gradient is float32;
     any other floating weight dtype is taken as torch takes it (_rms_weight)."""
-    shape = _normalized_shape("rms_norm", normalized_shape)
+    shape, eps = _normalized_shape("rms_norm", normalized_shape), _float("rms_norm", eps, "eps", optional=True)
+    weight = _tensor("rms_norm", weight, "weight")
     return torch.ops.reduce.rms_norm_fwd.default(input, shape, _rms_weight(input, weight), eps)[0]
 
 
@@ -94,9 +113,10 @@ def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape
                    eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.layer_norm(input + residual, ...), input + residual) in one pass: each input read once, both results
     written once; the backward is fused too. input and residual have one shape and dtype (no broadcasting)."""
-    if eps is None:
-        raise TypeError("add_layer_norm(): argument 'eps' must be float, not NoneType")
-    shape = _normalized_shape("add_layer_norm", normalized_shape)
+    name = "add_layer_norm"
+    shape, eps = _normalized_shape(name, normalized_shape), _float(name, eps, "eps")
+    residual = _tensor(name, residual, "residual", optional=False)
+    weight, bias = _tensor(name, weight, "weight"), _tensor(name, bias, "bias")
     out, total, _, _ = torch.ops.reduce.add_layer_norm_fwd.default(input, residual, shape, weight, bias, eps)
     return out, total
 
@@ -105,7 +125,9 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
                  weight: Optional[torch.Tensor] = None,
                  eps: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.rms_norm(input + residual, ...), input + residual) in one pass, as add_layer_norm."""
-    shape = _normalized_shape("add_rms_norm", normalized_shape)
+    name = "add_rms_norm"
+    shape, eps = _normalized_shape(name, normalized_shape), _float(name, eps, "eps", optional=True)
+    residual, weight = _tensor(name, residual, "residual", optional=False), _tensor(name, weight, "weight")
     out, total, _ = torch.ops.reduce.add_rms_norm_fwd.default(input, residual, shape, _rms_weight(input, weight), eps)
     return out, total
 
