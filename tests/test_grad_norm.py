@@ -140,6 +140,22 @@ def test_foreach_norm_errors_like_torch():
             assert str(ours.value).split("\n")[0] == str(theirs.value).split("\n")[0]
 
 
+def test_wrong_argument_types_raise_type_errors_like_torch():
+    """An order or a dtype= of the wrong type, a total_norm that is not a tensor: torch's TypeError (the ops'
+    schemas would raise RuntimeErrors, and float() would take "inf" as an order)."""
+    x = torch.randn(3)
+    for ord, dtype in (("inf", None), (None, None), (2, "float64")):
+        with pytest.raises(TypeError):
+            torch._foreach_norm([x], ord, dtype=dtype)
+        with pytest.raises(TypeError, match="_foreach_norm\\(\\): argument"):
+            torch_reduce.foreach_norm([x], ord, dtype)
+    for clip in (torch.nn.utils.clip_grads_with_norm_, torch_reduce.clip_grads_with_norm_):
+        p = torch.nn.Parameter(torch.randn(3))
+        p.grad = torch.randn(3)
+        with pytest.raises(TypeError):
+            clip([p], 1.0, 5.0)
+
+
 # ------------------------------------------------------------------------------------- complex tensors ----
 # As torch: a complex tensor's norm is its magnitudes' (real, in the real type of its dtype); torch's dtype= rules
 # (complex for a complex tensor); a real clip coefficient scales real and imaginary parts alike.

@@ -16,6 +16,7 @@ from typing import Iterable, Optional, Union
 import torch
 
 from . import _entry_points
+from .reductions import _dtype, _number
 
 _Tensors = Union[torch.Tensor, Iterable[torch.Tensor]]
 
@@ -28,6 +29,9 @@ def foreach_norm(tensors: Iterable[torch.Tensor], ord: float = 2, dtype: Optiona
     tensors = list(tensors)
     if len(tensors) == 0:  # the op cannot dispatch without a tensor
         raise RuntimeError("Tensor list must have at least one tensor.")
+    ord, dtype = _number("_foreach_norm", ord, "ord"), _dtype("_foreach_norm", dtype)
+    if ord is None:
+        raise TypeError("_foreach_norm(): argument 'ord' must be Number, not NoneType")
     return torch.ops.reduce.foreach_norm(tensors, float(ord), dtype)
 
 
@@ -65,6 +69,8 @@ def clip_grads_with_norm_(parameters: _Tensors, max_norm: float, total_norm: tor
                           foreach: Optional[bool] = None) -> None:
     """torch.nn.utils.clip_grads_with_norm_: each gradient times clamp(max_norm / (total_norm + 1e-6), max=1), in
     place, the coefficient computed on the device."""
+    if not isinstance(total_norm, torch.Tensor):  # torch's clamp of it raises a TypeError too
+        raise TypeError(f"clip_grads_with_norm_(): total_norm must be a Tensor, not {type(total_norm).__name__}")
     parameters = [parameters] if isinstance(parameters, torch.Tensor) else parameters
     grads = [p.grad for p in parameters if p.grad is not None]
     if len(grads) == 0:
