@@ -3,7 +3,6 @@ add_rms_norm, on torch.ops.reduce (differentiable, torch.compile-able). What is 
 (csrc/fast_call.cpp) over the wrappers written here."""
 from __future__ import annotations
 
-import numbers
 from numbers import Number
 from typing import Optional, Sequence, Union
 
@@ -58,15 +57,6 @@ def _normalized_shape(name: str, normalized_shape) -> list[int]:
     return [shape] if isinstance(shape, int) else shape
 
 
-def _float(name: str, value, argument: str, optional: bool = False):
-    """A float argument (eps) as the op's schema takes it, with torch's TypeError for what is not a number (the
-    schema's would be a RuntimeError); None only where it is optional (rms_norm's eps)."""
-    if (value is None and optional) or isinstance(value, (numbers.Real, torch.Tensor)) or \
-            type(value).__module__ == "numpy":
-        return value
-    raise TypeError(f"{name}(): argument '{argument}' must be float, not {type(value).__name__}")
-
-
 def _tensor(name: str, value, argument: str, optional: bool = True):
     """A tensor argument (weight, bias: optional; residual), with torch's TypeError for anything else."""
     if isinstance(value, torch.Tensor) or (value is None and optional):
@@ -79,8 +69,9 @@ def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     """F.layer_norm: normalize over the trailing ``normalized_shape`` dims, then scale and shift. weight and
     bias may be float32 beside a float16/bfloat16 input (mixed precision): the output keeps the input's dtype,
     their gradients are float32."""
-    shape, eps = _normalized_shape("layer_norm", normalized_shape), _float("layer_norm", eps, "eps")
-    weight, bias = _tensor("layer_norm", weight, "weight"), _tensor("layer_norm", bias, "bias")
+    name = "layer_norm"
+    shape, eps = _normalized_shape(name, normalized_shape), _number(name, eps, "eps", "float", optional=False)
+    weight, bias = _tensor(name, weight, "weight"), _tensor(name, bias, "bias")
     return torch.ops.reduce.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]
 
 
@@ -103,7 +94,7 @@ def rms_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], w
     is the machine epsilon of float32 (float64 for a float64 input), as torch's. weight may be float32 beside a
     float16/bfloat16 input (mixed precision): the output keeps the input's dtype, weight's gradient is float32;
     any other floating weight dtype is taken as torch takes it (_rms_weight)."""
-    shape, eps = _normalized_shape("rms_norm", normalized_shape), _float("rms_norm", eps, "eps", optional=True)
+    shape, eps = _normalized_shape("rms_norm", normalized_shape), _number("rms_norm", eps, "eps", "float")
     weight = _tensor("rms_norm", weight, "weight")
     return torch.ops.reduce.rms_norm_fwd.default(input, shape, _rms_weight(input, weight), eps)[0]
 
@@ -114,7 +105,7 @@ def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape
     """(F.layer_norm(input + residual, ...), input + residual) in one pass: each input read once, both results
     written once; the backward is fused too. input and residual have one shape and dtype (no broadcasting)."""
     name = "add_layer_norm"
-    shape, eps = _normalized_shape(name, normalized_shape), _float(name, eps, "eps")
+    shape, eps = _normalized_shape(name, normalized_shape), _number(name, eps, "eps", "float", optional=False)
     residual = _tensor(name, residual, "residual", optional=False)
     weight, bias = _tensor(name, weight, "weight"), _tensor(name, bias, "bias")
     out, total, _, _ = torch.ops.reduce.add_layer_norm_fwd.default(input, residual, shape, weight, bias, eps)
@@ -126,7 +117,7 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
                  eps: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.rms_norm(input + residual, ...), input + residual) in one pass, as add_layer_norm."""
     name = "add_rms_norm"
-    shape, eps = _normalized_shape(name, normalized_shape), _float(name, eps, "eps", optional=True)
+    shape, eps = _normalized_shape(name, normalized_shape), _number(name, eps, "eps", "float")
     residual, weight = _tensor(name, residual, "residual", optional=False), _tensor(name, weight, "weight")
     out, total, _ = torch.ops.reduce.add_rms_norm_fwd.default(input, residual, shape, _rms_weight(input, weight), eps)
     return out, total

@@ -29,9 +29,7 @@ def foreach_norm(tensors: Iterable[torch.Tensor], ord: float = 2, dtype: Optiona
     tensors = list(tensors)
     if len(tensors) == 0:  # the op cannot dispatch without a tensor
         raise RuntimeError("Tensor list must have at least one tensor.")
-    ord, dtype = _number("_foreach_norm", ord, "ord"), _dtype("_foreach_norm", dtype)
-    if ord is None:
-        raise TypeError("_foreach_norm(): argument 'ord' must be Number, not NoneType")
+    ord, dtype = _number("_foreach_norm", ord, "ord", optional=False), _dtype("_foreach_norm", dtype)
     return torch.ops.reduce.foreach_norm(tensors, float(ord), dtype)
 
 

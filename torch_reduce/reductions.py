@@ -71,15 +71,16 @@ def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Calla
     return out.copy_(result)
 
 
-def _number(name: str, value, argument: str):
-    """A number as the op's schema takes it: a 0-dim tensor or a numpy scalar becomes its Python number, as torch's
-    argument parser takes them for a Scalar (vector_norm's ord, var_mean's correction); anything else that is not a
-    number raises its TypeError (the schema's would be a RuntimeError). None stays None (a correction's default)."""
+def _number(name: str, value, argument: str, kind: str = "Number", optional: bool = True):
+    """A number as the op's schema takes it (vector_norm's ord, var_mean's correction, the norms' eps): a 0-dim tensor
+    or a numpy scalar becomes its Python number, as torch's argument parser takes them for a Scalar; anything else that
+    is not a number raises torch's TypeError (the schema's would be a RuntimeError), None too unless optional (a
+    correction's default, rms_norm's eps)."""
     if isinstance(value, torch.Tensor) or type(value).__module__ == "numpy":
         return value.item()
-    if value is not None and not isinstance(value, numbers.Number):
-        raise TypeError(f"{name}(): argument '{argument}' must be Number, not {type(value).__name__}")
-    return value
+    if isinstance(value, numbers.Number) or (value is None and optional):
+        return value
+    raise TypeError(f"{name}(): argument '{argument}' must be {kind}, not {type(value).__name__}")
 
 
 def _dtype(name: str, value):
