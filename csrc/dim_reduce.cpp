@@ -315,6 +315,13 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
   if (reduced_count == 0) {
     return as_out(at::full(out_shape, empty_value(kind, c10::toRealValueType(input_type)), out_options));
   }
+  if (r == Reduction::VectorNorm && reduced_count == 1) {
+    // One element a result: its norm is |x| (order 0: x != 0), exact, as torch's; the kernels' root of |x|^p
+    // would overflow for float32 |x| > 1.8e19 at order 2 and round at others.
+    const at::Tensor x = self.to(input_type);
+    const at::Tensor norm = call.ord == 0 ? at::ne(x, 0) : at::abs(x);
+    return norm.to(value_type).reshape(out_shape).contiguous();
+  }
 
   // Expanded dims (stride 0) hold one slice repeated: it is read (and cast) once, never copied out.
   const Repeats repeats = read_once(self, reduce_mask);

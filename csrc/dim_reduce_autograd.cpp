@@ -6,7 +6,7 @@
 //   prod:        grad times the product of the other elements of the slice (its conjugate for complex inputs),
 //                from exclusive prefix and suffix products (no division: exact with zeros in the slice, and no
 //                data-dependent branch, so the backward traces under torch.compile);
-//   vector_norm: torch's formulas by order (0, 1, 2, inf/-inf shared among ties, below 1, any other p), with
+//   vector_norm: torch's formulas by order (0: none, 1, 2, inf/-inf shared among ties, below 1, any other p), with
 //                a zero subgradient where the norm (or, below 1, the element) is 0; complex inputs through sgn.
 // All are written in differentiable ops, so double backward works; transforms and forward-mode AD take
 // the composite path (torch's own ops).
@@ -65,7 +65,6 @@ at::Tensor prod_of_others(const at::Tensor& x, const std::vector<int64_t>& dims)
 // d norm / dx for g and norm with the reduced dims restored.
 at::Tensor vector_norm_gradient(const at::Tensor& x, const at::Tensor& norm, const at::Tensor& g, double p,
                                 const std::vector<int64_t>& dims) {
-  if (p == 0) return at::zeros_like(x);
   if (p == 1) return x.sgn() * g;
   if (p == 2) return x * (g / norm).masked_fill(norm == 0, 0);
   if (std::isinf(p)) {  // amax/amin of |x|, NaN included
@@ -99,6 +98,7 @@ struct ReduceBackward : public torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined() || !should_compute_output(0)) return {at::Tensor()};
+    if (R == Reduction::VectorNorm && ord == 0) return {at::Tensor()};  // no gradient, as torch's (not zeros)
     const at::Tensor g = restore_reduced_dims(grads[0], dims, keepdim);
     if constexpr (!kSavesTensors) {
       at::Tensor grad = g;

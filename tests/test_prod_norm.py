@@ -84,15 +84,46 @@ def test_vector_norm_gradient_with_zeros(ord, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_vector_norm_order_zero(device):
-    """ord=0 counts the non-zeros; its gradient and tangent are 0 (the contract suite's jvp test wants a
-    non-zero tangent, so this order is checked here)."""
+    """ord=0 counts the non-zeros; it has no gradient (None, as torch's: its graph does not reach the input) and a
+    zero tangent (the contract suite's jvp test wants a non-zero tangent, so this order is checked here)."""
     x = torch.tensor([[0.0, 1.5, -2.0], [0.0, 0.0, 4.0]], device=device, dtype=torch.float64, requires_grad=True)
     assert vector_norm(x, 0, 1).tolist() == [2.0, 1.0]
-    (grad,) = torch.autograd.grad(vector_norm(x, 0), x)
-    assert not grad.any()
+    for dims in (None, 1, (0, 1)):
+        assert torch.autograd.grad(vector_norm(x, 0, dims).sum(), x, allow_unused=True) == (None,)
+        assert torch.autograd.grad(torch.linalg.vector_norm(x, 0, dims).sum(), x, allow_unused=True) == (None,)
     _, tangent = torch.func.jvp(lambda t: vector_norm(t, 0, 1), (x.detach(),), (torch.ones_like(x),))
     assert not tangent.any()
-    torch.autograd.gradcheck(lambda t: vector_norm(t, 0, 1), (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("ord", ORDS, ids=str)
+def test_vector_norm_of_one_element(ord, dtype, device):
+    """Over dims of size 1 (or a 0-dim tensor) each result is one element's norm: |x| exactly (order 0: x != 0), as
+    torch's, where the root of |x|^p would overflow (float32 |x| > 1.8e19 at order 2) or round; its gradient
+    torch's."""
+    big = torch.finfo(dtype).max / 2
+    values = torch.tensor([[-big, 3.0, 0.0, -1e-3 * big, float("inf"), float("nan"), -7.0]], dtype=dtype)
+    for x, dims in [(values.to(device), 0), (values.to(device).t(), (1,)), (values.to(device).view(7, 1, 1), (1, 2)),
+                    (values.to(device)[:, :1], None), (values.to(device)[0, 0], None), (values.to(device)[0, 1], 0)]:
+        for keepdim in (False, True):
+            got = vector_norm(x, ord, dims, keepdim)
+            want = torch.linalg.vector_norm(x, ord, dims, keepdim)
+            assert got.dtype == want.dtype and got.is_contiguous()
+            # torch's 0-dim input with a dim computes the root of |x|^p (3.0 at order 0.5: 2.9999999999999996)
+            torch.testing.assert_close(got, want, equal_nan=True, msg=lambda m: f"dim={dims}: {m}")
+            exact = x.abs() if ord != 0 else (x != 0).to(x.dtype)
+            torch.testing.assert_close(got, exact.reshape(got.shape), rtol=0, atol=0, equal_nan=True)
+    x = torch.tensor([[-2.5, 0.0, 4.0]], device=device, dtype=torch.float64)
+    if ord != 0:
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        g = torch.randn(3, device=device, dtype=torch.float64)
+        (got,) = torch.autograd.grad(vector_norm(a, ord, 0), a, g)
+        (want,) = torch.autograd.grad(torch.linalg.vector_norm(b, ord, 0), b, g)
+        torch.testing.assert_close(got, want)
+    assert torch.equal(vector_norm(x.float(), ord, 0, dtype=torch.float64), torch.linalg.vector_norm(x.float(), ord, 0,
+                                                                                          dtype=torch.float64))
+    assert vector_norm(torch.tensor([[3 + 4j]], device=device), ord, 1).tolist() == [1.0 if ord == 0 else 5.0]
 
 
 @pytest.mark.parametrize("device", DEVICES)
