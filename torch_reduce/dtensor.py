@@ -32,9 +32,10 @@ Placements in -> out, mesh dim by mesh dim:
   Partial of norms; their values are the same). ``clip_grads_`` (and the clip of ``clip_grad_norm_``) scales each
   rank's local gradients by the coefficient of the Replicate total: Shard, Replicate and Partial alike.
 
-Anything else raises NotImplementedError, never a guess: Partial or _StridedShard inputs to the reductions and
-the row norms (the gradient norms take both), a sharded normalized dim, sharded weight or bias, a plain tensor beside
-DTensors, DTensors on different meshes.
+Other placements are redistributed to Replicate along their mesh dims first (an all-reduce or an all-gather), as
+torch's own strategies redistribute them: Partial and _StridedShard inputs to the reductions and the row norms (the
+gradient norms take both as they are), a sharded normalized dim, a sharded weight or bias. A plain tensor beside
+DTensors and DTensors on different meshes raise NotImplementedError, as torch's DTensor ops do.
 
 The rules are registered with torch.library.register_torch_dispatch, torch's public hook for a custom op
 meeting a tensor subclass. torch.distributed.tensor.experimental.register_sharding is not used: its sharding
@@ -67,21 +68,21 @@ def _dim_reduction_rule(cls, func, types, args, kwargs):
     x = a["self"]
     _require_dtensors(func, {"self": x})
     expected = _call_with(func, args, kwargs, _meta)  # global shape and dtype, and torch's errors
-    _check_placements(func, "self", x, shardable_dims=range(x.ndim))
+    x, locals_of = _supported(x, range(x.ndim))
     dims = _reduced_dims(name, _meta(x), a["dim"])
     keepdim = a["keepdim"]
     local_x = x.to_local()
     if not _shards_a_reduced_dim(x, dims):
-        local = _call_with(func, args, kwargs, DTensor.to_local)
+        local = _call_with(func, args, kwargs, locals_of)
     elif name == "mean":
         local = _mean_share(local_x, dims, keepdim, a["dtype"], expected.dtype, math.prod(x.shape[d] for d in dims))
     elif name in ("amax", "amin") and any(local_x.shape[d] == 0 for d in dims):
         local = torch.full(_reduced_shape(local_x.shape, dims, keepdim), _identity(name, local_x.dtype),
                            dtype=local_x.dtype, device=local_x.device)
     elif name == "prod" and expected.dtype.is_complex:
-        return _complex_product(x, dims, keepdim, _call_with(func, args, kwargs, DTensor.to_local), expected)
+        return _complex_product(x, dims, keepdim, _call_with(func, args, kwargs, locals_of), expected)
     else:
-        local = _call_with(func, args, kwargs, DTensor.to_local)
+        local = _call_with(func, args, kwargs, locals_of)
     placements = _reduced_placements(x, dims, keepdim, Partial(_PARTIAL_OF_REDUCED_SHARD[name]))
     return _wrap(local, x, placements, expected)
 
@@ -112,20 +113,20 @@ def _vector_norm_rule(cls, func, types, args, kwargs):
     x = a["self"]
     _require_dtensors(func, {"self": x})
     expected = _call_with(func, args, kwargs, _meta)
-    _check_placements(func, "self", x, shardable_dims=range(x.ndim))
+    x, locals_of = _supported(x, range(x.ndim))
     dims = _reduced_dims("vector_norm", _meta(x), a["dim"])
     order, keepdim = float(a["ord"]), a["keepdim"]
     local_x = x.to_local()
     local_empty = any(local_x.shape[d] == 0 for d in dims)
     if not _shards_a_reduced_dim(x, dims) or order in (0.0, 1.0):
-        local = _call_with(func, args, kwargs, DTensor.to_local)
+        local = _call_with(func, args, kwargs, locals_of)
         return _wrap(local, x, _reduced_placements(x, dims, keepdim, Partial("sum")), expected)
     if math.isinf(order):
         if local_empty:  # torch refuses an empty inf-norm; the shard adds nothing to the max (min)
             local = torch.full(_reduced_shape(local_x.shape, dims, keepdim), 0.0 if order > 0 else math.inf,
                                dtype=expected.dtype, device=local_x.device)
         else:
-            local = _call_with(func, args, kwargs, DTensor.to_local)
+            local = _call_with(func, args, kwargs, locals_of)
         return _wrap(local, x, _reduced_placements(x, dims, keepdim, Partial("max" if order > 0 else "min")),
                      expected)
     if local_empty:  # nothing to add, also where a negative p would make 0 ** p infinite
@@ -145,11 +146,11 @@ def _var_mean_rule(cls, func, types, args, kwargs):
     x = a["input"]
     _require_dtensors(func, {"input": x})
     expected_var, expected_mean = _call_with(func, args, kwargs, _meta)
-    _check_placements(func, "input", x, shardable_dims=range(x.ndim))
+    x, locals_of = _supported(x, range(x.ndim))
     dims = sorted(d % x.ndim for d in a["dim"]) if a["dim"] else list(range(x.ndim))
     keepdim = a["keepdim"]
     if not _shards_a_reduced_dim(x, dims):
-        var, mean = _call_with(func, args, kwargs, DTensor.to_local)
+        var, mean = _call_with(func, args, kwargs, locals_of)
     else:
         moments = distributed._local_moments(x.to_local(), dims)
         for mesh_dim, p in enumerate(x.placements):  # mesh dim by mesh dim, each group in rank order
@@ -184,14 +185,13 @@ def _row_norm_locals(func, args, kwargs):
     x = a["input"]
     _require_dtensors(func, {name: a[name] for name in ("input", *rows, *params)})
     expected = _call_with(func, args, kwargs, _meta)
-    _check_placements(func, "input", x, shardable_dims=range(x.ndim - len(a["normalized_shape"])))
-    for name in params:
-        if a[name] is not None:
-            _check_placements(func, name, a[name], shardable_dims=())
+    x, _ = _supported(x, range(x.ndim - len(a["normalized_shape"])))
     # The gradient comes as the next op made it, the residual as the model holds it; the statistics come from the
-    # forward. Each row's tensors must sit beside its input row.
-    aligned = {id(a[name]): _redistributed_like(a[name], x) for name in rows if a[name] is not None}
-    outputs = _call_with(func, args, kwargs, lambda t: aligned.get(id(t), t).to_local())
+    # forward. Each row's tensors must sit beside its input row; the parameters are whole on every rank.
+    placed = {id(a["input"]): x}
+    placed.update({id(a[name]): _redistributed_like(a[name], x) for name in rows if a[name] is not None})
+    placed.update({id(a[name]): _supported(a[name], ())[0] for name in params if a[name] is not None})
+    outputs = _call_with(func, args, kwargs, lambda t: placed.get(id(t), t).to_local())
     return a, x, params, expected, outputs
 
 
@@ -346,14 +346,20 @@ def _require_dtensors(func, tensors: dict) -> None:
         raise NotImplementedError(f"{func}: DTensor operands on different device meshes: {meshes}")
 
 
-def _check_placements(func, name, t: DTensor, shardable_dims) -> None:
+def _supported(t: DTensor, shardable_dims):
+    """``t`` with the placements a rule computes on locally: Replicate and Shard of a dim in ``shardable_dims`` stay,
+    every other (Partial, _StridedShard, a Shard of another dim: a normalized dim, a parameter's) is redistributed to
+    Replicate along its mesh dim (an all-reduce or an all-gather), as torch's own strategies redistribute their
+    operands; and the function that gives a call's local tensors, ``t``'s redistributed."""
     shardable = set(shardable_dims)
-    for p in t.placements:
-        if isinstance(p, Replicate) or (type(p) is Shard and p.dim % t.ndim in shardable):
-            continue
-        allowed = f"Replicate or Shard of dims {sorted(shardable)}" if shardable else "Replicate"
-        raise NotImplementedError(f"{func}: {name} has placements {t.placements}; torch_reduce supports {allowed} "
-                                  "here (redistribute it first)")
+    placements = [p if isinstance(p, Replicate) or (type(p) is Shard and p.dim % t.ndim in shardable) else Replicate()
+                  for p in t.placements]
+    if placements == list(t.placements):
+        placed = t
+    else:  # below autograd (the op's own node records it): torch 2.11's redistribute of a tensor that requires grad,
+        # reached from a backward, fails ("aten.detach_.default does not have a sharding strategy")
+        placed = t.detach().redistribute(t.device_mesh, placements)
+    return placed, lambda operand: (placed if operand is t else operand).to_local()
 
 
 def _shards_a_reduced_dim(x: DTensor, dims) -> bool:
