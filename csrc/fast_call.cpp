@@ -82,7 +82,27 @@ const at::Tensor* leaf_grad(const at::Tensor& p) {
   return meta->grad_fn_ ? nullptr : &meta->grad_;
 }
 
-// The Python wrapper, called with the caller's arguments as they came.
+// The warnings an op gave (TORCH_WARN), raised as Python's after the call (warn_in_python), as torch's bindings
+// raise them. torch.ops, which the wrappers call, gives them to c10's log on stderr instead (var_mean's "degrees of
+// freedom is <= 0" went to stderr that way), so the wrapper's calls are watched too (call_wrapper).
+struct WarningSeen : c10::WarningHandler {
+  std::vector<c10::Warning> warnings;
+  void process(const c10::Warning& warning) override { warnings.push_back(warning); }
+};
+
+// False where a warning became an error (a filter set to "error"): the error is set.
+bool warn_in_python(const WarningSeen& seen) {
+  for (const c10::Warning& warning : seen.warnings) {
+    PyObject* category = std::holds_alternative<c10::Warning::DeprecationWarning>(warning.type())
+                             ? PyExc_DeprecationWarning : PyExc_UserWarning;
+    if (PyErr_WarnEx(category, warning.msg().c_str(), 1) != 0) return false;
+  }
+  return true;
+}
+
+// The Python wrapper, called with the caller's arguments as they came. The warnings of the ops it reaches through
+// torch.ops (a tensor subclass's or a __torch_function__ mode's call) are raised as Python's after it, as for the
+// common call, where c10's log would print them; an error it raised stays set, after them.
 PyObject* call_wrapper(Entry e, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* wrapper = wrappers[static_cast<size_t>(e)];
   if (wrapper == nullptr) {
@@ -107,9 +127,22 @@ PyObject* call_wrapper(Entry e, PyObject* const* args, Py_ssize_t nargs, PyObjec
       return nullptr;
     }
   }
-  PyObject* result = PyObject_Call(wrapper, positional, keywords);
+  WarningSeen warnings;
+  PyObject* result;
+  {
+    const c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    result = PyObject_Call(wrapper, positional, keywords);
+  }
   Py_DECREF(positional);
   Py_XDECREF(keywords);
+  if (result == nullptr) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (!warn_in_python(warnings)) PyErr_Clear();  // the call's own error wins over a warning made an error
+    PyErr_Restore(type, value, traceback);
+    return nullptr;
+  }
+  if (!warn_in_python(warnings)) Py_CLEAR(result);
   return result;
 }
 
@@ -347,24 +380,6 @@ PyObject* wrap(const std::tuple<at::Tensor, at::Tensor>& pair) {
   PyTuple_SetItem(tuple, 0, first);
   PyTuple_SetItem(tuple, 1, second);
   return tuple;
-}
-
-// The warnings an op gave (TORCH_WARN), raised as Python's after the call (warn_in_python), as torch's bindings
-// raise them. torch.ops, which the wrappers call, gives them to c10's log on stderr instead, so running a call that
-// warned again through the wrapper would not (var_mean's "degrees of freedom is <= 0" went to stderr that way).
-struct WarningSeen : c10::WarningHandler {
-  std::vector<c10::Warning> warnings;
-  void process(const c10::Warning& warning) override { warnings.push_back(warning); }
-};
-
-// False where a warning became an error (a filter set to "error"): the error is set.
-bool warn_in_python(const WarningSeen& seen) {
-  for (const c10::Warning& warning : seen.warnings) {
-    PyObject* category = std::holds_alternative<c10::Warning::DeprecationWarning>(warning.type())
-                             ? PyExc_DeprecationWarning : PyExc_UserWarning;
-    if (PyErr_WarnEx(category, warning.msg().c_str(), 1) != 0) return false;
-  }
-  return true;
 }
 
 // The slots of a call, `names` in order: its positional arguments, then its keyword ones by name (the first

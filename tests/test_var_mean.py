@@ -2,6 +2,7 @@
 long and few rows, views, numerical stability with a large mean, edges. The contract suite
 (tests/test_op_contract.py, from the specs in tests/op_specs.py) runs the rest: autograd, opcheck, compile, bad
 inputs, determinism, > 2^31 elements, streams, CUDA graphs and two GPUs."""
+import contextlib
 import warnings
 
 import pytest
@@ -144,6 +145,22 @@ def test_warns_as_torch(device, dtype):
             seen.append([w.category for w in caught if "degrees of freedom is <= 0" in str(w.message)])
         theirs, ours = seen  # torch warns twice for a complex input (its real and imaginary parts), ours once
         assert bool(ours) == bool(theirs) and set(ours) <= {UserWarning}, (args, kwargs)
+    # A tensor subclass and a __torch_function__ mode take the wrapper, whose op call (torch.ops) would send the
+    # warning to c10's log: Python's too, once.
+
+    class Subclass(torch.Tensor):
+        pass
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    for t, mode in ((single.as_subclass(Subclass), contextlib.nullcontext()), (single, Mode()), (x, Mode())):
+        with warnings.catch_warnings(record=True) as caught, mode:
+            warnings.simplefilter("always")
+            torch_reduce.var_mean(t, 1)
+        ours = [w.category for w in caught if "degrees of freedom is <= 0" in str(w.message)]
+        assert ours == ([UserWarning] if t.shape[1] == 1 else []), (type(t), mode)
 
 
 # Reductions over nothing: the variance is NaN at every correction, as torch's, though a negative one makes

@@ -41,10 +41,6 @@ def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool =
         correction = _number("var_mean", correction, "correction")
     dim = _dims("var_mean", dim)
     dims = [dim] if isinstance(dim, int) else dim
-    if unbiased is not _NOT_GIVEN and type(input) in _entry_points.PLAIN_TENSOR_TYPES and not torch.compiler.is_compiling():
-        # The unbiased forms as the C entry point's common call, so that the op's warning ("degrees of freedom is
-        # <= 0") is Python's, not c10's log line (torch.ops's). Its fallback calls back here without unbiased=.
-        return _ENTRIES["var_mean"](input, dims, keepdim=keepdim, correction=correction)
     return torch.ops.reduce.var_mean.default(input, dims, correction=correction, keepdim=keepdim)
 
 
