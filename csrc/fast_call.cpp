@@ -160,7 +160,13 @@ bool read_int(PyObject* obj, int64_t& value) {
 }
 
 bool read_float(PyObject* obj, double& value) {
-  if (!is_exact_int(obj) && !PyFloat_CheckExact(obj)) return false;
+  if (is_exact_int(obj)) {  // one past int64 takes the wrapper, which raises torch's OverflowError for a Scalar
+    int64_t v = 0;
+    if (!read_int(obj, v)) return false;
+    value = static_cast<double>(v);
+    return true;
+  }
+  if (!PyFloat_CheckExact(obj)) return false;
   value = PyFloat_AsDouble(obj);
   if (value == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();

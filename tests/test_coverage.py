@@ -451,6 +451,38 @@ def test_dims_errors_in_torchs_order(name, device):
                 op(x.to(device), dims)
 
 
+def test_ints_past_int64_raise_like_torch():
+    """A dim or a size past int64 raises torch's ValueError (an int) or TypeError (in a sequence); an order or a
+    correction past what torch's Scalar holds (int64 or uint64) its OverflowError; a uint64 one is taken. The op's
+    schema would raise a RuntimeError, and the C entry point read such an order as a float."""
+    x = torch.randn(3, 4)
+    F = torch.nn.functional
+    calls = {"sum dim": (lambda v: torch.sum(x, v), lambda v: torch_reduce.sum(x, v)),
+             "sum dims": (lambda v: torch.sum(x, [0, v]), lambda v: torch_reduce.sum(x, [0, v])),
+             "amax dim": (lambda v: torch.amax(x, v), lambda v: torch_reduce.amax(x, v)),
+             "var_mean dim": (lambda v: torch.var_mean(x, v), lambda v: torch_reduce.var_mean(x, v)),
+             "layer_norm shape": (lambda v: F.layer_norm(x, [4, v]), lambda v: torch_reduce.layer_norm(x, [4, v])),
+             "rms_norm shape": (lambda v: F.rms_norm(x, [v]), lambda v: torch_reduce.rms_norm(x, [v])),
+             "vector_norm ord": (lambda v: torch.linalg.vector_norm(x, v), lambda v: torch_reduce.vector_norm(x, v)),
+             "vector_norm ord, dim": (lambda v: torch.linalg.vector_norm(x, v, 1),
+                                      lambda v: torch_reduce.vector_norm(x, v, 1)),
+             "var_mean correction": (lambda v: torch.var_mean(x, 1, correction=v),
+                                     lambda v: torch_reduce.var_mean(x, 1, correction=v))}
+    for name, (theirs, ours) in calls.items():
+        for v in (2**63 - 1, 2**63, 2**64, -2**63, -2**63 - 1, -2**64, 10**30):
+            try:
+                want = theirs(v)
+            except (ValueError, TypeError, OverflowError) as error:  # the parser's: its words
+                with pytest.raises(type(error), match=f"^{re.escape(str(error).splitlines()[0])}"):
+                    ours(v)
+            except (IndexError, RuntimeError) as error:  # a dim out of range, a shape that does not match
+                with pytest.raises(type(error)):
+                    ours(v)
+            else:
+                for got, expected in zip(*(r if isinstance(r, tuple) else (r,) for r in (ours(v), want))):
+                    torch.testing.assert_close(got, expected, equal_nan=True, msg=lambda m: f"{name}, {v}: {m}")
+
+
 # A complex vector norm is the norm of the magnitudes: a real result, torch's gradients (through sgn).
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", COMPLEX)

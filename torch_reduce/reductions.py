@@ -71,6 +71,10 @@ def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Calla
     return out.copy_(result)
 
 
+# The ints torch's argument parser takes: a dim or a size an int64, a Scalar (an order, a correction) also a uint64.
+_INT64S, _SCALAR_INTS = range(-2**63, 2**63), range(-2**63, 2**64)
+
+
 def _number(name: str, value, argument: str, kind: str = "Number", optional: bool = True):
     """A number as the op's schema takes it (vector_norm's ord, var_mean's correction, the norms' eps): a 0-dim tensor
     or a numpy scalar becomes its Python number, as torch's argument parser takes them for a Scalar; anything else that
@@ -78,6 +82,8 @@ def _number(name: str, value, argument: str, kind: str = "Number", optional: boo
     correction's default, rms_norm's eps)."""
     if isinstance(value, torch.Tensor) or type(value).__module__ == "numpy":
         return value.item()
+    if kind == "Number" and type(value) is int and value not in _SCALAR_INTS:  # torch's Scalar: int64 or uint64
+        raise OverflowError("int too big to convert" if value > 0 else "can't convert negative int to unsigned")
     if isinstance(value, numbers.Number) or (value is None and optional):
         return value
     raise TypeError(f"{name}(): argument '{argument}' must be {kind}, not {type(value).__name__}")
@@ -100,11 +106,16 @@ def _dims(name: str, dim, argument: str = "dim"):
     if not isinstance(dim, (tuple, list)):
         if isinstance(dim, bool) or not hasattr(type(dim), "__index__"):
             raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, not {type(dim).__name__}")
+        if operator.index(dim) not in _INT64S:
+            raise ValueError("Overflow when unpacking long long")
         return operator.index(dim)
     for pos, d in enumerate(dim):
         if (pos == 0 and isinstance(d, bool)) or not hasattr(type(d), "__index__"):
             raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, but found element of type "
                             f"{type(d).__name__} at pos {pos}")
+        if operator.index(d) not in _INT64S:
+            raise TypeError(f"{name}(): argument '{argument}' failed to unpack the object at pos {pos + 1} with error "
+                            '"Overflow when unpacking long long"')
     return [operator.index(d) for d in dim]
 
 
