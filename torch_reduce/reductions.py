@@ -106,17 +106,19 @@ def _dims(name: str, dim, argument: str = "dim"):
     if not isinstance(dim, (tuple, list)):
         if isinstance(dim, bool) or not hasattr(type(dim), "__index__"):
             raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, not {type(dim).__name__}")
-        if operator.index(dim) not in _INT64S:
+        if (index := operator.index(dim)) not in _INT64S:
             raise ValueError("Overflow when unpacking long long")
-        return operator.index(dim)
+        return index
+    indices = []
     for pos, d in enumerate(dim):
         if (pos == 0 and isinstance(d, bool)) or not hasattr(type(d), "__index__"):
             raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, but found element of type "
                             f"{type(d).__name__} at pos {pos}")
-        if operator.index(d) not in _INT64S:
+        if (index := operator.index(d)) not in _INT64S:
             raise TypeError(f"{name}(): argument '{argument}' failed to unpack the object at pos {pos + 1} with error "
                             '"Overflow when unpacking long long"')
-    return [operator.index(d) for d in dim]
+        indices.append(index)
+    return indices
 
 
 def _bool(name: str, value, argument: str = "keepdim") -> bool:
