@@ -41,9 +41,10 @@ void check_dim_reduction_dtype(Reduction r, at::ScalarType type) {
       if (r == Reduction::VectorNorm) return;  // |z| in float16 (torch's abs), then the float16 kernels
       [[fallthrough]];
     default:
-      TORCH_CHECK(false, name, ": unsupported dtype ", type,
-                  "; expected float32, float64, float16, bfloat16, an integer type, bool, complex64 or complex128 "
-                  "(sum, mean, prod, vector_norm), or complex32 (vector_norm)");
+      // NotImplementedError, the class of torch's own refusal ("sum_cpu" not implemented for ...).
+      TORCH_CHECK_NOT_IMPLEMENTED(false, name, ": unsupported dtype ", type,
+                                  "; expected float32, float64, float16, bfloat16, an integer type, bool, complex64 or "
+                                  "complex128 (sum, mean, prod, vector_norm), or complex32 (vector_norm)");
   }
 }
 
@@ -262,8 +263,11 @@ at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& ca
   // A complex amax/amin raises where torch's does: after the dims' and the empty input's checks, and only where
   // its result has elements (torch returns an empty one, as no kernel runs).
   const bool unsupported_extremum = complex_extremum(r, self.scalar_type());
-  if (!unsupported_extremum) check_dim_reduction_dtype(r, self.scalar_type());
   const std::optional<at::ScalarType> dtype = call.dtype;
+  // sum, mean and prod cast the input to dtype= first, as torch's do, so any input torch casts is taken there (a
+  // float8 or complex32 one: torch.sum(x, dtype=torch.float32)); only dtype itself must be a kernel's.
+  const bool cast_first = dtype && (r == Reduction::Sum || r == Reduction::Mean || r == Reduction::Prod);
+  if (!unsupported_extremum && !cast_first) check_dim_reduction_dtype(r, self.scalar_type());
   const at::ScalarType out_type = result_type(r, self.scalar_type(), dtype);
   if (r == Reduction::VectorNorm && at::isComplexType(self.scalar_type())) {
     // The norm of the magnitudes, |x| in the real type of dtype= (complex) when given, as torch's.

@@ -21,7 +21,12 @@ double correction_value(const std::optional<at::Scalar>& correction) {
 
 void check_var_mean_dtype(const at::Tensor& input, const char* op) {
   const at::ScalarType type = input.scalar_type();
-  TORCH_CHECK(is_float_type(type) || at::isComplexType(type), op,
+  // A floating dtype without kernels (float8) is NotImplementedError, as torch's ("std_cpu" not implemented);
+  // an integer one torch's RuntimeError.
+  const bool supported = is_float_type(type) || at::isComplexType(type);
+  TORCH_CHECK_NOT_IMPLEMENTED(supported || !at::isFloatingType(type), op, ": var_mean has no kernel for ", type,
+                              " (float32, float64, float16, bfloat16, complex32, complex64, complex128)");
+  TORCH_CHECK(supported, op,
               ": var_mean only support floating point and complex dtypes (float32, float64, float16, bfloat16, "
               "complex32, complex64, complex128), got ", type);
 }
@@ -115,8 +120,8 @@ LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef nor
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                 const char* op) {
   const at::IntArrayRef normalized_shape = C10_AS_INTARRAYREF_SLOW(normalized_shape_sym);
-  TORCH_CHECK(is_float_type(input.scalar_type()), op,
-              ": expected a float32, float64, float16 or bfloat16 input, got ", input.scalar_type());
+  TORCH_CHECK_NOT_IMPLEMENTED(is_float_type(input.scalar_type()), op,
+                              ": expected a float32, float64, float16 or bfloat16 input, got ", input.scalar_type());
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   TORCH_CHECK(k >= 1, op, ": normalized_shape must name at least one dim, got []");
   const int64_t axis = input.dim() - k;

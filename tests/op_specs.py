@@ -327,7 +327,7 @@ def vector_norm_reference_inputs(device, dtype, requires_grad):
 def ladder_error_inputs(device):
     x = torch.randn(8, device=device)
     for dtype in (torch.complex64, torch.complex128, torch.uint16, torch.uint32, torch.uint64):
-        yield ErrorInput((torch.ones(8, dtype=dtype).to(device),), {}, RuntimeError, "unsupported dtype",
+        yield ErrorInput((torch.ones(8, dtype=dtype).to(device),), {}, NotImplementedError, "unsupported dtype",
                          ours_only=True)
     for block in (0, 16, 48, 100, 2048, -256):
         yield ErrorInput((x,), {"block_size": block}, RuntimeError, r"power of two in \[32, 1024\]",
@@ -353,7 +353,7 @@ def reduction_error_inputs(name):
             yield ErrorInput((x, 1), {"dtype": "float64"}, TypeError, "argument 'dtype' must be torch.dtype",
                              ours_message=True)
         if name != "vector_norm":  # torch's CPU kernels do not sum or multiply complex32 either
-            yield ErrorInput((torch.ones(3, dtype=torch.complex32, device=device),), {}, RuntimeError,
+            yield ErrorInput((torch.ones(3, dtype=torch.complex32, device=device),), {}, NotImplementedError,
                              "unsupported dtype", ours_only=True)
         if name in ("amax", "amin"):  # torch has no max or min of complex numbers either
             yield ErrorInput((torch.ones(3, dtype=torch.complex64, device=device),), {}, NotImplementedError,
@@ -373,6 +373,9 @@ def reduction_error_inputs(name):
 def var_mean_error_inputs(device):
     x = torch.randn(3, 4, device=device)
     yield ErrorInput((torch.arange(10, device=device),), {}, RuntimeError, "floating point")
+    # A floating dtype without kernels: NotImplementedError, the class of torch's CPU refusal ("std_cpu").
+    yield ErrorInput((torch.ones(10, device=device).to(torch.float8_e4m3fn),), {}, NotImplementedError,
+                     "has no kernel for Float8_e4m3fn", ours_only=True)
     yield ErrorInput((x, 2), {}, IndexError, "out of range")
     yield ErrorInput((x, (1, -1)), {}, RuntimeError, "appears multiple times")
     yield ErrorInput((x, [True]), {}, TypeError, "must be tuple of ints", ours_message=True)
@@ -392,7 +395,7 @@ def layer_norm_error_inputs(device):
                      "bias must have the input's dtype", ours_only=True)  # torch's CUDA kernel may cast
     # torch takes a negative eps (a NaN waiting to happen) and raises NotImplementedError for integers.
     yield ErrorInput((x, (6,)), {"eps": -1.0}, RuntimeError, "eps must be non-negative", ours_only=True)
-    yield ErrorInput((torch.ones(4, 6, dtype=torch.int32, device=device), (6,)), {}, RuntimeError,
+    yield ErrorInput((torch.ones(4, 6, dtype=torch.int32, device=device), (6,)), {}, NotImplementedError,
                      "expected a float32", ours_only=True)
     yield ErrorInput((x, (6,)), {"eps": None}, TypeError, "argument 'eps' must be float", ours_message=True)
     yield ErrorInput((x[:, :1], True), {}, TypeError, "must be tuple of ints", ours_message=True)  # not a shape
@@ -417,7 +420,7 @@ def rms_norm_error_inputs(device):
     yield ErrorInput((x, (6,)), {"eps": "1e-5"}, TypeError, "argument 'eps' must be float", ours_message=True)
     yield ErrorInput((x, (6,), [1.0] * 6), {}, TypeError, "argument 'weight' must be Tensor", ours_message=True)
     # torch raises NotImplementedError for integers.
-    yield ErrorInput((torch.ones(4, 6, dtype=torch.int32, device=device), (6,)), {}, RuntimeError,
+    yield ErrorInput((torch.ones(4, 6, dtype=torch.int32, device=device), (6,)), {}, NotImplementedError,
                      "expected a float32", ours_only=True)
 
 
@@ -433,7 +436,7 @@ def add_norm_error_inputs(device):
     yield ErrorInput((x, x, (6,), torch.ones(5, device=device)), {}, match="weight must have shape",
                      error=RuntimeError, ours_message=True)
     yield ErrorInput((x, x, (6,), w), {"eps": -1.0}, RuntimeError, "eps must be non-negative", ours_only=True)
-    yield ErrorInput((x.int(), x.int(), (6,)), {}, RuntimeError, "expected a float32", ours_only=True)
+    yield ErrorInput((x.int(), x.int(), (6,)), {}, NotImplementedError, "expected a float32", ours_only=True)
     yield ErrorInput((x, None, (6,)), {}, TypeError, "argument 'residual' must be Tensor", ours_message=True)
 
 

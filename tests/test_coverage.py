@@ -563,6 +563,48 @@ def test_complex_vector_norm_autograd(ord, device):
     torch.testing.assert_close(compiled(x.detach()), torch.linalg.vector_norm(x.detach(), ord, 1), rtol=1e-12, atol=0)
 
 
+CAST_FIRST_INPUTS = [torch.float8_e4m3fn, torch.float8_e5m2, torch.complex32]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", CAST_FIRST_INPUTS, ids=str)
+def test_inputs_without_kernels_cast_by_dtype(dtype, device):
+    """sum, mean and prod cast the input to dtype= first, as torch's do: a float8 or complex32 input our kernels
+    (and torch's CPU ones) do not read is taken where dtype= names a dtype they do, with torch's values, dtypes
+    and gradients (in the input's dtype); without one it raises NotImplementedError, the class of torch's own
+    refusal, on every device and in the fake kernels."""
+    base = torch.randn(6, 5, 4, device=device)
+    x = (torch.complex(base, base.flip(0)) if dtype.is_complex else base).to(dtype)
+    wide = [torch.complex64, torch.complex128] if dtype.is_complex else [torch.float32, torch.float64, torch.bfloat16]
+    for name in ("sum", "mean", "prod"):
+        for out_dtype in wide:
+            for dims in ((), (1,), (-1, True), ((0, 2),)):
+                if name == "prod" and dims and isinstance(dims[0], tuple):
+                    continue  # torch.prod takes one dim
+                got = ours(name)(x, *dims, dtype=out_dtype)
+                want = torch_op(name)(x.cpu(), *dims, dtype=out_dtype)
+                assert got.dtype == want.dtype == out_dtype and got.shape == want.shape, (name, out_dtype, dims)
+                torch.testing.assert_close(got.cpu(), want, rtol=1e-2 if out_dtype == torch.bfloat16 else 1e-5,
+                                           atol=1e-5)
+                fake = ours(name)(x.to("meta"), *dims, dtype=out_dtype)
+                assert (fake.dtype, fake.shape) == (got.dtype, got.shape)
+        with pytest.raises(NotImplementedError, match=f"{name}: unsupported dtype"):
+            ours(name)(x, 1)
+        with pytest.raises(NotImplementedError, match=f"{name}: unsupported dtype"):
+            ours(name)(x.to("meta"), 1)
+        with pytest.raises(NotImplementedError):
+            torch_op(name)(x.cpu(), 1)
+    if not dtype.is_complex:  # float8 leaves take gradients: sum's, in the input's dtype, as torch's
+        leaf = x.detach().requires_grad_()
+        (grad,) = torch.autograd.grad(torch_reduce.sum(leaf, 1, dtype=torch.float32).sum(), leaf)
+        twin = x.detach().cpu().requires_grad_()
+        (want,) = torch.autograd.grad(torch.sum(twin, 1, dtype=torch.float32).sum(), twin)
+        assert grad.dtype == want.dtype == dtype and torch.equal(grad.cpu().float(), want.float())
+    # opcheck's schema test perturbs the input arithmetically, which torch cannot in float8.
+    utils = ["test_faketensor", "test_aot_dispatch_dynamic"] + ([] if dtype.is_floating_point else ["test_schema"])
+    torch.library.opcheck(torch.ops.reduce.sum.default, (x, [1]), {"dtype": wide[0]}, test_utils=utils)
+
+
 def test_opcheck_new_dtypes():
     for args, kwargs in (((torch.randn(5, 6, dtype=torch.complex64), [1]), {}),
                          ((torch.randn(5, 6, dtype=torch.complex128, requires_grad=True), [0]), {}),

@@ -72,9 +72,9 @@ def _check_dtype(name: str, dtype: torch.dtype) -> None:
         return
     if dtype == torch.complex32 and name == "vector_norm":
         return
-    raise RuntimeError(f"{name}: unsupported dtype {_c10_name(dtype)}; expected float32, float64, float16, bfloat16, "
-                       "an integer type, bool, complex64 or complex128 (sum, mean, prod, vector_norm), or complex32 "
-                       "(vector_norm)")
+    raise NotImplementedError(f"{name}: unsupported dtype {_c10_name(dtype)}; expected float32, float64, float16, "
+                              "bfloat16, an integer type, bool, complex64 or complex128 (sum, mean, prod, "
+                              "vector_norm), or complex32 (vector_norm)")
 
 
 _LAYOUT_NAMES = {torch.sparse_coo: "torch.sparse_coo", torch.sparse_csr: "torch.sparse_csr",
@@ -167,7 +167,8 @@ def _reduction_fake(name: str, t, dim, keepdim, dtype=None, ord=2.0):
     _check_layout(name, t)
     # A complex amax/amin raises after the dims' checks, and only where its result has elements (reduce_dims).
     complex_extremum = name in ("amax", "amin") and t.dtype.is_complex
-    if not complex_extremum:
+    cast_first = dtype is not None and name in ("sum", "mean", "prod")  # reduce_dims: the input cast to dtype first
+    if not complex_extremum and not cast_first:
         _check_dtype(name, t.dtype)
     out_dtype = _result_dtype(name, t, dtype)
     x = t if dtype is None else t.to(dtype)
@@ -211,8 +212,8 @@ def _register_ladder_fake(name: str) -> None:
     @torch.library.register_fake(op)
     def _fake(t, block_size=256):
         if t.dtype not in _LADDER_DTYPES:
-            raise RuntimeError(f"{op}: unsupported dtype {_c10_name(t.dtype)}; expected float32, float64, float16, "
-                               "bfloat16, an integer type (int8..int64, uint8) or bool")
+            raise NotImplementedError(f"{op}: unsupported dtype {_c10_name(t.dtype)}; expected float32, float64, "
+                                      "float16, bfloat16, an integer type (int8..int64, uint8) or bool")
         if not (32 <= block_size <= 1024 and block_size & (block_size - 1) == 0):
             raise RuntimeError(f"{op}: block_size must be a power of two in [32, 1024] (the trees halve it down "
                                f"to one), got {block_size}")
@@ -232,6 +233,9 @@ _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)  # var_m
 def _var_mean_fake(input, dim=None, *, correction=None, keepdim=False):
     # var_mean_problem's checks (csrc/layernorm.cpp), in its order and words; then torch.var_mean's own meta
     # function gives the shape; ours are contiguous.
+    if input.dtype.is_floating_point and input.dtype not in _FLOATS:
+        raise NotImplementedError(f"reduce::var_mean: var_mean has no kernel for {_c10_name(input.dtype)} (float32, "
+                                  "float64, float16, bfloat16, complex32, complex64, complex128)")
     if input.dtype not in _FLOATS and not input.dtype.is_complex:
         raise RuntimeError("reduce::var_mean: var_mean only support floating point and complex dtypes (float32, "
                            f"float64, float16, bfloat16, complex32, complex64, complex128), got "
@@ -260,8 +264,8 @@ def _check_device(op, name, t, input):
 def _layer_norm_param_dtype(op, input, normalized_shape, weight, bias) -> torch.dtype:
     """layer_norm_shape's checks; returns the dtype of weight and bias (and of their gradients)."""
     if input.dtype not in _FLOATS:
-        raise RuntimeError(f"{op}: expected a float32, float64, float16 or bfloat16 input, got "
-                           f"{_c10_name(input.dtype)}")
+        raise NotImplementedError(f"{op}: expected a float32, float64, float16 or bfloat16 input, got "
+                                  f"{_c10_name(input.dtype)}")
     if len(normalized_shape) < 1:
         raise RuntimeError(f"{op}: normalized_shape must name at least one dim, got []")
     axis = input.dim() - len(normalized_shape)

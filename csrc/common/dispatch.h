@@ -85,8 +85,9 @@ inline void check_reducible_dtype(const at::Tensor& t, const char* op) {
     case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kBool:
       return;
     default:
-      TORCH_CHECK(false, op, ": unsupported dtype ", t.scalar_type(),
-                  "; expected float32, float64, float16, bfloat16, an integer type (int8..int64, uint8) or bool");
+      TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": unsupported dtype ", t.scalar_type(),
+                                  "; expected float32, float64, float16, bfloat16, an integer type (int8..int64, "
+                                  "uint8) or bool");
   }
 }
 
