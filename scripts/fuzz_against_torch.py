@@ -1,0 +1,301 @@
+"""Differential fuzz against torch on one device: random calls of the norms (forward and backward, a random subset of
+the leaves differentiated), the dim reductions and clip_grad_norm_, at random shapes (hidden sizes around the
+kernels' plan boundaries among them), dtypes and layouts (contiguous, one element past a 16-byte boundary,
+transposed, sliced), each against a float64 reference. A call fails when our error exceeds 4x torch's own error on
+the same call and a floor of a few units of the dtype's rounding, both measured against the natural scale of the
+result (the reduction of |x| for a sum or mean, the column sums of |dy| (|xhat| + |x| rstd) for a weight gradient),
+or when our parameter gradients differ between two runs (they are fixed-order folds), or when a fused add's sum is
+not x + r. Prints the failures; exits 1 if any.
+
+    python3 scripts/fuzz_against_torch.py [--device cuda] [--seconds 80] [--seed 11]
+"""
+import argparse
+import math
+import random
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import torch_reduce
+
+FLOOR = {torch.float64: 1e-12, torch.float32: 3e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+HIDDEN_NEAR = [64, 96, 128, 256, 512, 768, 1024, 1536, 1600, 2048, 2560, 3072, 4096, 5120, 6144, 8192, 8200, 10240,
+               12288, 14336, 16384, 16392, 18432, 20480, 24576, 32768, 40000, 65536]
+LAYOUTS = ["contiguous"] * 4 + ["unaligned", "transposed", "sliced"]
+
+
+class Fuzz:
+    def __init__(self, device, seed):
+        self.device, self.rng = device, random.Random(seed)
+        torch.manual_seed(seed)
+        self.failures, self.counts = [], {}
+        big = device != "cpu"
+        self.norm_cap, self.reduction_cap, self.clip_cap = (2**25, 2**26, 2**22) if big else (2**17, 2**16, 2**14)
+
+    def fail(self, what):
+        self.failures.append(what)
+
+    def tensor(self, shape, dtype, layout):
+        shape = tuple(shape)
+        randn = lambda *size: torch.randn(size, device=self.device).to(dtype)  # noqa: E731
+        if layout == "unaligned":
+            return randn(math.prod(shape) + 1)[1:].view(shape)
+        if layout == "transposed" and len(shape) >= 2:
+            return randn(*shape[:-2], shape[-1], shape[-2]).transpose(-1, -2)
+        if layout == "sliced" and shape:
+            return randn(*shape[:-1], shape[-1] + 3)[..., 1:shape[-1] + 1]
+        return randn(*shape)
+
+    def judge(self, what, ours, theirs, ref, scale, dtype, floor_units=4):
+        """ours' error within 4x torch's (theirs None: torch refused the call) and floor_units x the dtype's floor,
+        each relative to max(|ref|, scale)."""
+        if ours is None or ref.numel() == 0:
+            return
+        scale = max(ref.abs().max().item(), scale, 1e-300)
+        error = lambda t: (t.double() - ref).abs().max().item() / scale  # noqa: E731
+        mine, torchs = error(ours), (error(theirs) if theirs is not None else 0.0)
+        if math.isnan(mine) and math.isnan(torchs):
+            return
+        if not mine <= max(4 * torchs, FLOOR[dtype] * floor_units):
+            self.fail(f"{what}: ours err {mine:.3g}, torch's {torchs:.3g} (scale {scale:.3g})")
+
+    # ------------------------------------------------------------------------------------------- norms ----
+    def hidden(self):
+        k = self.rng.random()
+        if k < 0.35:
+            return max(1, self.rng.choice(HIDDEN_NEAR) + self.rng.choice([0, 0, 0, 1, -1, 8, -8, 4, 2, 3]))
+        if k < 0.5:
+            return self.rng.randint(1, 40)
+        return int(math.exp(self.rng.uniform(0, math.log(70000))))
+
+    def norm(self):
+        rng = self.rng
+        name = rng.choice(["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+        layer, fused = "layer" in name, name.startswith("add")
+        dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.bfloat16, torch.float16,
+                            torch.float64])
+        hidden = self.hidden()
+        most = max(1, min(70000, self.norm_cap // hidden))
+        rows = rng.randint(1, min(most, 8)) if rng.random() < 0.2 else \
+            max(1, min(most, int(math.exp(rng.uniform(0, math.log(most + 1))))))
+        lead = [max(1, rows // 3), 3] if rows >= 3 and rng.random() < 0.3 else [rows]
+        shape = (*lead, hidden)
+        layout = rng.choice(LAYOUTS + ["contiguous"])
+        param_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) and rng.random() < 0.3 else dtype
+        affine = rng.random() < 0.85
+        with_bias = layer and rng.random() < (0.8 if affine else 0.3)
+        x = self.tensor(shape, dtype, layout).requires_grad_()
+        r = self.tensor(shape, dtype, "contiguous").requires_grad_() if fused else None
+        w = (1 + 0.3 * torch.randn(hidden, device=self.device)).to(param_dtype).requires_grad_() if affine else None
+        b = (0.3 * torch.randn(hidden, device=self.device)).to(param_dtype).requires_grad_() if with_bias else None
+        desc = f"{name} {shape} {dtype} weight {w is not None} bias {b is not None} params {param_dtype} {layout}"
+        eps = 1e-5 if layer else torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+        params = [p for p in (w, b) if p is not None]
+        normalized = (hidden,)
+        if name == "layer_norm":
+            outs, leaves = (torch_reduce.layer_norm(x, normalized, w, b, eps),), [x]
+        elif name == "rms_norm":
+            outs, leaves = (torch_reduce.rms_norm(x, normalized, w),), [x]
+        elif name == "add_layer_norm":
+            outs, leaves = torch_reduce.add_layer_norm(x, r, normalized, w, b, eps), [x, r]
+        else:
+            outs, leaves = torch_reduce.add_rms_norm(x, r, normalized, w), [x, r]
+        leaves += params
+        cotangents = [torch.randn_like(o) for o in outs]
+        picked = [i for i in range(len(leaves)) if rng.random() < 0.7] or [rng.randrange(len(leaves))]
+        got = [None] * len(leaves)
+        for i, g in zip(picked, torch.autograd.grad(outs, [leaves[i] for i in picked], cotangents, retain_graph=True)):
+            got[i] = g
+        summed = (x + r) if fused else x
+        if fused and not torch.equal(outs[1], summed):
+            self.fail(f"{desc}: the sum is not x + r")
+        if fused and got[0] is not None and got[1] is not None and not torch.equal(got[0], got[1]):
+            self.fail(f"{desc}: the gradients of x and r differ")
+
+        def torch_norm(s, weight, bias):
+            return F.layer_norm(s, normalized, weight, bias, eps) if layer else F.rms_norm(s, normalized, weight, eps)
+
+        leaves64 = [t.detach().double().requires_grad_() for t in [summed] + params]
+        it = iter(leaves64[1:])
+        y64 = torch_norm(leaves64[0], next(it) if w is not None else None, next(it) if b is not None else None)
+        want = torch.autograd.grad(y64, leaves64, cotangents[0].double())
+        theirs_leaves = [summed.detach().requires_grad_()] + [p.detach().to(dtype).requires_grad_() for p in params]
+        it = iter(theirs_leaves[1:])
+        try:
+            y_torch = torch_norm(theirs_leaves[0], next(it) if w is not None else None,
+                                 next(it) if b is not None else None)
+            theirs = [y_torch] + list(torch.autograd.grad(y_torch, theirs_leaves, cotangents[0]))
+        except RuntimeError:  # torch refuses some calls ours takes (e.g. a bias without a weight, on the GPU)
+            theirs = [None] * (1 + len(theirs_leaves))
+        # Natural scales: rows' rstd amplifies the rounding of x - mean; a weight gradient sums |dy| (|xhat| + |x|
+        # rstd) over the rows.
+        rows2 = leaves64[0].detach().reshape(-1, hidden)
+        centre = rows2.mean(-1, keepdim=True) if layer else torch.zeros_like(rows2[:, :1])
+        var = rows2.var(-1, unbiased=False, keepdim=True) if layer else (rows2 * rows2).mean(-1, keepdim=True)
+        rstd = (var + eps).rsqrt()
+        kappa = max(1.0, rstd.max().item()) if rows2.numel() else 1.0
+        dy = cotangents[0].detach().double().reshape(-1, hidden).abs()
+        wmax = w.detach().double().abs().max().item() if w is not None else 1.0
+        self.judge(f"{desc}: output", outs[0], theirs[0], y64.detach(), 1.0, dtype, 4 * kappa)
+        dx_want = want[0] + (cotangents[1].double() if fused else 0)
+        dx_theirs = None if theirs[1] is None else theirs[1] + (cotangents[1] if fused else 0)
+        for i in range(2 if fused else 1):
+            self.judge(f"{desc}: grad {'xr'[i]}", got[i], dx_theirs, dx_want, dy.max().item() * wmax * kappa, dtype)
+        first = 2 if fused else 1
+        for k, p in enumerate(params):
+            scale = (dy * ((rows2 - centre).abs() * rstd + rows2.abs() * rstd)).sum(0).max().item() if p is w \
+                else dy.sum(0).max().item()
+            g = got[first + k]
+            if g is not None and g.dtype != p.dtype:
+                self.fail(f"{desc}: a parameter's gradient in {g.dtype}, not {p.dtype}")
+            self.judge(f"{desc}: grad {'weight' if p is w else 'bias'}", g, theirs[2 + k], want[1 + k], scale, dtype)
+        if params:
+            again = torch.autograd.grad(outs, params, cotangents)
+            if any(g is not None and not torch.equal(g, h) for g, h in zip(got[first:], again)):
+                self.fail(f"{desc}: parameter gradients differ between two runs")
+        self.counts["norm"] = self.counts.get("norm", 0) + 1
+
+    # -------------------------------------------------------------------------------------- reductions ----
+    def reduction(self):
+        rng = self.rng
+        op = rng.choice(["sum", "mean", "amax", "amin", "prod", "norm2", "norm1", "norminf", "norm_half", "var_mean"])
+        ndim = rng.randint(1, 4)
+        sizes = [1, 2, 3, 5, 7, 8, 16, 31, 64, 100, 128, 257, 1000, 1024, 4097, 65537]
+        shape = [rng.choice(sizes) for _ in range(ndim)]
+        while math.prod(shape) > self.reduction_cap:
+            i = rng.randrange(ndim)
+            shape[i] = max(1, shape[i] // 4)
+        integers = [torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool] if op in ("sum", "amax", "amin",
+                                                                                             "prod") else []
+        dtype = rng.choice([torch.float32, torch.bfloat16, torch.float16, torch.float64] + integers)
+        layout = rng.choice(LAYOUTS)
+        base = self.tensor(shape, torch.float32, layout)
+        if dtype.is_floating_point:
+            x = (1 + 0.01 * base if op == "prod" else base).to(dtype)
+        elif dtype == torch.bool:
+            x = base > (-2 if op == "prod" else 0)
+        else:
+            x = ((base.abs() < 0.7).to(dtype) + 1) if op == "prod" else (base * 3).clamp(-100, 100).to(dtype)
+        dims = None
+        if rng.random() >= 0.15:
+            picked = sorted(rng.sample(range(ndim), rng.randint(1, ndim)))
+            dims = [d - ndim if rng.random() < 0.3 else d for d in picked]
+            if op == "prod" or (len(dims) == 1 and rng.random() < 0.5):
+                dims = dims[0]
+        keepdim = rng.random() < 0.3
+        desc = f"{op} {tuple(shape)} {dtype} dim {dims} keepdim {keepdim} {layout}"
+        try:
+            ours, theirs, ref, scales = self.reduce(op, x, dims, keepdim)
+        except Exception as error:  # noqa: BLE001 - any error is a finding
+            self.fail(f"{desc}: raised {type(error).__name__}: {str(error)[:150]}")
+            return
+        for o, t, want, scale in zip(ours, theirs, ref, scales):
+            if (o.shape, o.dtype) != (t.shape, t.dtype):
+                self.fail(f"{desc}: {tuple(o.shape)} {o.dtype}, torch's {tuple(t.shape)} {t.dtype}")
+            elif not o.dtype.is_floating_point:
+                if not torch.equal(o, t):
+                    self.fail(f"{desc}: integer results differ from torch's")
+            else:
+                self.judge(desc, o, t, want, scale, x.dtype, floor_units=8)
+        self.counts["reduction"] = self.counts.get("reduction", 0) + 1
+
+    @staticmethod
+    def reduce(op, x, dims, keepdim):
+        """(ours, torch's, float64 reference, natural scale) for each result."""
+        kw = {} if dims is None else {"dim": dims, "keepdim": keepdim}
+        x64 = x.double() if x.dtype.is_floating_point else x
+        if op in ("sum", "mean", "amax", "amin"):
+            if op in ("amax", "amin") and dims is None:
+                kw = {}
+            mine, torchs = getattr(torch_reduce, op)(x, **kw), getattr(torch, op)(x, **kw)
+            want = getattr(torch, op)(x64, **kw) if x.dtype.is_floating_point else torchs
+            scale = getattr(torch, op)(x64.abs(), **kw).max().item() if op in ("sum", "mean") and \
+                x.dtype.is_floating_point and want.numel() else 0.0
+            return (mine,), (torchs,), (want,), (scale,)
+        if op == "prod":
+            args = () if dims is None else (dims,)
+            pkw = {} if dims is None else {"keepdim": keepdim}
+            torchs = torch.prod(x, *args, **pkw)
+            want = torch.prod(x64, *args, **pkw) if x.dtype.is_floating_point else torchs
+            return (torch_reduce.prod(x, *args, **pkw),), (torchs,), (want,), (0.0,)
+        if op.startswith("norm"):
+            order = {"norm2": 2, "norm1": 1, "norminf": math.inf, "norm_half": 0.5}[op]
+            return ((torch_reduce.vector_norm(x, order, **kw),), (torch.linalg.vector_norm(x, order, **kw),),
+                    (torch.linalg.vector_norm(x64, order, **kw),), (0.0,))
+        mean_scale = torch.mean(x64.abs(), **kw).max().item() if x.numel() else 0.0
+        return torch_reduce.var_mean(x, **kw), torch.var_mean(x, **kw), torch.var_mean(x64, **kw), (0.0, mean_scale)
+
+    # ---------------------------------------------------------------------------------------- clipping ----
+    def clip(self):
+        rng = self.rng
+        n = rng.choice([1, 2, 3, 7, 50, 148, 300])
+        dtypes = [rng.choice([torch.float32, torch.bfloat16, torch.float16, torch.float64]) for _ in range(n)]
+        if rng.random() < 0.5:
+            dtypes = [dtypes[0]] * n
+        shapes = [tuple(rng.choice([1, 2, 3, 5, 8, 64, 100, 257, 1024, 3000]) for _ in range(rng.randint(0, 3)))
+                  for _ in range(n)]
+        if sum(math.prod(s) for s in shapes) > self.clip_cap:
+            return
+        grads = [self.tensor(s, d, rng.choice(LAYOUTS) if s else "contiguous") * rng.choice([1.0, 1e-3, 10.0])
+                 for s, d in zip(shapes, dtypes)]
+        order = rng.choice([2.0, 2.0, 1.0, math.inf, 0.5, 3.0, -math.inf, 0.0])
+        max_norm, foreach = rng.choice([0.1, 1.0, 1e6]), rng.choice([None, True, False])
+        desc = f"clip_grad_norm_ of {n} ({sorted(set(map(str, dtypes)))}) order {order} max_norm {max_norm} " \
+               f"foreach {foreach}"
+        results = []
+        for clip in (torch_reduce.clip_grad_norm_, torch.nn.utils.clip_grad_norm_):
+            params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            try:
+                results.append((clip(params, max_norm, norm_type=order, foreach=foreach), params))
+            except Exception as error:  # noqa: BLE001 - compared with torch's
+                results.append((error, params))
+        (mine, ours), (torchs, theirs) = results
+        if isinstance(mine, Exception) or isinstance(torchs, Exception):
+            if type(mine) is not type(torchs):
+                self.fail(f"{desc}: ours {type(mine).__name__}: {str(mine)[:100]}, torch's "
+                          f"{type(torchs).__name__}: {str(torchs)[:100]}")
+            return
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double(), order) for g in grads]),
+                                         order)
+        worst = max(dtypes, key=lambda d: torch.finfo(d).eps)
+        if (mine.dtype, mine.shape) != (torchs.dtype, torchs.shape):
+            self.fail(f"{desc}: the total is {mine.dtype}, torch's {torchs.dtype}")
+        self.judge(f"{desc}: total", mine, torchs, total, 0.0, worst)
+        coefficient = min(1.0, max_norm / (total.item() + 1e-6))
+        for p, q, g in zip(ours, theirs, grads):
+            # A product below the dtype's smallest normal rounds to a multiple of the subnormal quantum: two quanta
+            # either way (the scale at which the floor is that much).
+            info = torch.finfo(g.dtype)
+            quantum = info.smallest_normal * info.eps
+            self.judge(f"{desc}: clipped {tuple(g.shape)} {g.dtype}", p.grad, q.grad, g.double() * coefficient,
+                       2 * quantum / (4 * FLOOR[g.dtype]), g.dtype)
+        self.counts["clip"] = self.counts.get("clip", 0) + 1
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seconds", type=float, default=80)
+    parser.add_argument("--seed", type=int, default=11)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")  # var_mean's degrees-of-freedom warnings, torch's and ours alike
+    fuzz = Fuzz(args.device, args.seed)
+    start, calls = time.time(), 0
+    while time.time() - start < args.seconds and len(fuzz.failures) <= 60:
+        calls += 1
+        k = fuzz.rng.random()
+        (fuzz.norm if k < 0.5 else fuzz.reduction if k < 0.85 else fuzz.clip)()
+    print(f"seed {args.seed}, {args.device}: {calls} calls {fuzz.counts} in {time.time() - start:.0f} s; "
+          f"{len(fuzz.failures)} failures")
+    for failure in fuzz.failures:
+        print("FAIL", failure)
+    sys.exit(1 if fuzz.failures else 0)
+
+
+if __name__ == "__main__":
+    main()
