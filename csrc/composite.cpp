@@ -34,7 +34,7 @@ at::Tensor ladder_sum(const at::Tensor& t, int64_t block_size, const char* op) {
 }
 
 at::Tensor reduce(Reduction r, const at::Tensor& self, const ReduceCall& call) {
-  if (!complex_extremum(r, self.scalar_type())) check_dim_reduction_dtype(r, self.scalar_type());  // at::amax's own
+  check_reduction_input(r, self.scalar_type(), call.dtype);  // before at::amax's own
   const auto& [dim, keepdim, dtype, ord] = call;
   switch (r) {
     case Reduction::Sum: return at::sum(self, dim, keepdim, dtype);

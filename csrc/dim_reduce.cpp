@@ -258,16 +258,18 @@ bool complex_extremum(Reduction r, at::ScalarType type) {
   return (r == Reduction::Amax || r == Reduction::Amin) && at::isComplexType(type);
 }
 
+void check_reduction_input(Reduction r, at::ScalarType input, std::optional<at::ScalarType> dtype) {
+  const bool cast_first = dtype && (r == Reduction::Sum || r == Reduction::Mean || r == Reduction::Prod);
+  if (!complex_extremum(r, input) && !cast_first) check_dim_reduction_dtype(r, input);
+}
+
 at::Tensor reduce_dims(Reduction r, const at::Tensor& self, const ReduceCall& call, ReduceLauncher launch) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   // A complex amax/amin raises where torch's does: after the dims' and the empty input's checks, and only where
   // its result has elements (torch returns an empty one, as no kernel runs).
   const bool unsupported_extremum = complex_extremum(r, self.scalar_type());
   const std::optional<at::ScalarType> dtype = call.dtype;
-  // sum, mean and prod cast the input to dtype= first, as torch's do, so any input torch casts is taken there (a
-  // float8 or complex32 one: torch.sum(x, dtype=torch.float32)); only dtype itself must be a kernel's.
-  const bool cast_first = dtype && (r == Reduction::Sum || r == Reduction::Mean || r == Reduction::Prod);
-  if (!unsupported_extremum && !cast_first) check_dim_reduction_dtype(r, self.scalar_type());
+  check_reduction_input(r, self.scalar_type(), dtype);
   const at::ScalarType out_type = result_type(r, self.scalar_type(), dtype);
   if (r == Reduction::VectorNorm && at::isComplexType(self.scalar_type())) {
     // The norm of the magnitudes, |x| in the real type of dtype= (complex) when given, as torch's.

@@ -161,6 +161,10 @@ inline at::ScalarType kernel_result_type(Reduction r, at::ScalarType input) {
 void check_dim_reduction_dtype(Reduction r, at::ScalarType type);
 // amax or amin of a complex dtype, which check_dim_reduction_dtype refuses, but only after torch's other checks.
 bool complex_extremum(Reduction r, at::ScalarType type);
+// The input's dtype as an op reads it: sum, mean and prod cast it to dtype= first, as torch's do, so they take any
+// input torch casts (float8, complex32: torch.sum(x, dtype=torch.float32)), and dtype itself is checked where the
+// kernels read it; a complex amax/amin raises later (complex_extremum).
+void check_reduction_input(Reduction r, at::ScalarType input, std::optional<at::ScalarType> dtype);
 
 // The registered ops' bodies: checks, then `launch` on the normal form (or a shortcut for empty inputs),
 // with the input's device current.

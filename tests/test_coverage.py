@@ -600,6 +600,15 @@ def test_inputs_without_kernels_cast_by_dtype(dtype, device):
         twin = x.detach().cpu().requires_grad_()
         (want,) = torch.autograd.grad(torch.sum(twin, 1, dtype=torch.float32).sum(), twin)
         assert grad.dtype == want.dtype == dtype and torch.equal(grad.cpu().float(), want.float())
+        # Forward mode and the functorch transforms take the composite path: the same cast first.
+        tangent = torch.randn(x.shape, device=device).to(dtype)
+        for name in ("sum", "mean"):
+            got = torch.func.jvp(lambda t: ours(name)(t, 1, dtype=torch.float32), (x,), (tangent,))
+            want = torch.func.jvp(lambda t: torch_op(name)(t, 1, dtype=torch.float32), (x.cpu(),), (tangent.cpu(),))
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g.cpu(), w)
+            batched = torch.func.vmap(lambda t: ours(name)(t, 0, dtype=torch.float32))(x)
+            torch.testing.assert_close(batched.cpu(), torch_op(name)(x.cpu(), 1, dtype=torch.float32))
     # opcheck's schema test perturbs the input arithmetically, which torch cannot in float8.
     utils = ["test_faketensor", "test_aot_dispatch_dynamic"] + ([] if dtype.is_floating_point else ["test_schema"])
     torch.library.opcheck(torch.ops.reduce.sum.default, (x, [1]), {"dtype": wide[0]}, test_utils=utils)
