@@ -167,7 +167,7 @@ def _reduction_fake(name: str, t, dim, keepdim, dtype=None, ord=2.0):
     _check_layout(name, t)
     # A complex amax/amin raises after the dims' checks, and only where its result has elements (reduce_dims).
     complex_extremum = name in ("amax", "amin") and t.dtype.is_complex
-    cast_first = dtype is not None and name in ("sum", "mean", "prod")  # reduce_dims: the input cast to dtype first
+    cast_first = dtype is not None and name in ("sum", "mean", "prod")  # check_reduction_input: cast to dtype first
     if not complex_extremum and not cast_first:
         _check_dtype(name, t.dtype)
     out_dtype = _result_dtype(name, t, dtype)
