@@ -79,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& 
                                                               c10::SymIntArrayRef normalized_shape,
                                                               const std::optional<at::Tensor>& weight,
                                                               const std::optional<at::Tensor>& bias, double eps) {
-  layer_norm_shape(input, normalized_shape, weight, bias, "reduce::layer_norm_fwd");
+  layer_norm_shape(RowNorm::Layer, input, normalized_shape, weight, bias, "reduce::layer_norm_fwd");
   check_eps(eps, "reduce::layer_norm_fwd");
   const auto [mean, rstd] = layer_norm_stats(input, static_cast<int64_t>(normalized_shape.size()), eps);
   at::Tensor y = (input.to(mean.scalar_type()) - mean) * rstd;
@@ -96,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
     const at::Tensor& rstd, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     std::array<bool, 3> output_mask, const std::optional<at::Tensor>& grad_sum) {
   const char* op = "reduce::layer_norm_bwd";
-  const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
+  const LayerNormShape s = layer_norm_shape(RowNorm::Layer, input, normalized_shape, weight, bias, op);
   check_norm_bwd(grad_out, input, mean, rstd, s, op);
   if (defined(grad_sum)) check_grad_sum(*grad_sum, input, op);
   const auto k = static_cast<int64_t>(normalized_shape.size());
@@ -126,7 +126,7 @@ at::Tensor rms_norm_rstd(const at::Tensor& input, int64_t normalized_dims, doubl
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                                                 const std::optional<at::Tensor>& weight, std::optional<double> eps) {
   const char* op = "reduce::rms_norm_fwd";
-  layer_norm_shape(input, normalized_shape, weight, std::nullopt, op);
+  layer_norm_shape(RowNorm::Rms, input, normalized_shape, weight, std::nullopt, op);
   const double e = norm_eps<RowNorm::Rms>(eps, input.scalar_type(), op);
   const at::Tensor rstd = rms_norm_rstd(input, static_cast<int64_t>(normalized_shape.size()), e);
   at::Tensor y = input.to(rstd.scalar_type()) * rstd;
@@ -142,7 +142,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, cons
                                                 std::array<bool, 2> output_mask,
                                                 const std::optional<at::Tensor>& grad_sum) {
   const char* op = "reduce::rms_norm_bwd";
-  const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, std::nullopt, op);
+  const LayerNormShape s = layer_norm_shape(RowNorm::Rms, input, normalized_shape, weight, std::nullopt, op);
   check_norm_bwd(grad_out, input, at::Tensor(), rstd, s, op);
   if (defined(grad_sum)) check_grad_sum(*grad_sum, input, op);
   const auto k = static_cast<int64_t>(normalized_shape.size());

@@ -116,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor> VarMeanProblem::results() const {
   return {var.expand(shape).contiguous(), mean.expand(shape).contiguous()};
 }
 
-LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef normalized_shape_sym,
+LayerNormShape layer_norm_shape(RowNorm norm, const at::Tensor& input, c10::SymIntArrayRef normalized_shape_sym,
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                 const char* op) {
   const at::IntArrayRef normalized_shape = C10_AS_INTARRAYREF_SLOW(normalized_shape_sym);
@@ -125,6 +125,8 @@ LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef nor
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   TORCH_CHECK(k >= 1, op, ": normalized_shape must name at least one dim, got []");
   const int64_t axis = input.dim() - k;
+  TORCH_CHECK_VALUE(axis >= 0 || norm == RowNorm::Layer, op, ": normalized_shape ", normalized_shape,
+                    " does not match the input's trailing dims (input shape ", input.sizes(), ")");
   TORCH_CHECK(axis >= 0 && input.sizes().slice(axis).equals(normalized_shape), op, ": normalized_shape ",
               normalized_shape, " does not match the input's trailing dims (input shape ", input.sizes(), ")");
   const bool half_input = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;

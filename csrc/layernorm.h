@@ -72,7 +72,9 @@ struct LayerNormShape {
 // dtypes. weight and bias have the input's dtype, or float32 with a 16-bit input: the mixed-precision layout
 // of Apex, Megatron and FSDP (statistics and parameter gradients in float32), which torch's CPU kernel
 // accepts too. Every tensor must be on the input's device, so a meta weight never reaches a real kernel.
-LayerNormShape layer_norm_shape(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+// `norm` picks torch's error class where the two differ: an input of fewer dims than normalized_shape is
+// rms_norm's ValueError and layer_norm's RuntimeError.
+LayerNormShape layer_norm_shape(RowNorm norm, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                 const char* op);
 void check_eps(double eps, const char* op);

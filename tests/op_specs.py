@@ -409,8 +409,8 @@ def rms_norm_error_inputs(device):
     x, w = torch.randn(4, 6, device=device), torch.ones(6, device=device)
     ours_message = dict(error=RuntimeError, ours_message=True)
     yield ErrorInput((x, (5,)), {}, match="does not match the input's trailing dims", **ours_message)
-    # torch raises ValueError ("Input tensor must have at least 3 dimensions"); ours as for any other mismatch.
-    yield ErrorInput((x, (2, 4, 6)), {}, RuntimeError, "does not match the input's trailing dims", ours_only=True)
+    # Fewer input dims than normalized_shape: torch's ValueError ("Input tensor must have at least 3 dimensions").
+    yield ErrorInput((x, (2, 4, 6)), {}, ValueError, "does not match the input's trailing dims", ours_message=True)
     yield ErrorInput((x, (6,), torch.ones(5, device=device)), {}, match="weight must have shape", **ours_message)
     # torch multiplies by a weight of any dtype; ours takes any floating one (cast as torch computes) and refuses
     # an integer one.

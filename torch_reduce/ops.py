@@ -261,8 +261,9 @@ def _check_device(op, name, t, input):
         raise RuntimeError(f"{op}: {name} must be on the input's device {input.device}, got {t.device}")
 
 
-def _layer_norm_param_dtype(op, input, normalized_shape, weight, bias) -> torch.dtype:
-    """layer_norm_shape's checks; returns the dtype of weight and bias (and of their gradients)."""
+def _layer_norm_param_dtype(op, input, normalized_shape, weight, bias, rms=False) -> torch.dtype:
+    """layer_norm_shape's checks (rms: RMSNorm's error class); returns the dtype of weight and bias (and of their
+    gradients)."""
     if input.dtype not in _FLOATS:
         raise NotImplementedError(f"{op}: expected a float32, float64, float16 or bfloat16 input, got "
                                   f"{_c10_name(input.dtype)}")
@@ -270,7 +271,7 @@ def _layer_norm_param_dtype(op, input, normalized_shape, weight, bias) -> torch.
         raise RuntimeError(f"{op}: normalized_shape must name at least one dim, got []")
     axis = input.dim() - len(normalized_shape)
     if axis < 0 or list(input.shape[axis:]) != list(normalized_shape):
-        raise RuntimeError(f"{op}: normalized_shape {list(normalized_shape)} does not match the input's trailing "
+        raise (ValueError if rms and axis < 0 else RuntimeError)(f"{op}: normalized_shape {list(normalized_shape)} does not match the input's trailing "
                            f"dims (input shape {list(input.shape)})")
     half_input = input.dtype in (torch.float16, torch.bfloat16)
     param_dtype = None
@@ -338,7 +339,7 @@ def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, 
 
 @torch.library.register_fake("reduce::rms_norm_fwd")
 def _rms_norm_fwd_fake(input, normalized_shape, weight, eps=None):
-    _layer_norm_param_dtype("reduce::rms_norm_fwd", input, normalized_shape, weight, None)
+    _layer_norm_param_dtype("reduce::rms_norm_fwd", input, normalized_shape, weight, None, rms=True)
     if eps is not None and eps < 0:
         raise RuntimeError(f"reduce::rms_norm_fwd: eps must be non-negative, got {eps:g}")  # as C++ prints it
     axis = input.dim() - len(normalized_shape)
@@ -349,7 +350,7 @@ def _rms_norm_fwd_fake(input, normalized_shape, weight, eps=None):
 @torch.library.register_fake("reduce::rms_norm_bwd")
 def _rms_norm_bwd_fake(grad_out, input, normalized_shape, rstd, weight, output_mask, grad_sum=None):
     op = "reduce::rms_norm_bwd"
-    param_dtype = _layer_norm_param_dtype(op, input, normalized_shape, weight, None)
+    param_dtype = _layer_norm_param_dtype(op, input, normalized_shape, weight, None, rms=True)
     _check_device(op, "rstd", rstd, input)
     _check_like_input(op, "grad_out", grad_out, input)
     rows = math.prod(input.shape[:input.dim() - len(normalized_shape)])
@@ -380,7 +381,7 @@ def _add_layer_norm_fwd_fake(input, residual, normalized_shape, weight, bias, ep
 @torch.library.register_fake("reduce::add_rms_norm_fwd")
 def _add_rms_norm_fwd_fake(input, residual, normalized_shape, weight, eps=None):
     op = "reduce::add_rms_norm_fwd"
-    _layer_norm_param_dtype(op, input, normalized_shape, weight, None)
+    _layer_norm_param_dtype(op, input, normalized_shape, weight, None, rms=True)
     _check_like_input(op, "residual", residual, input)
     if eps is not None and eps < 0:
         raise RuntimeError(f"{op}: eps must be non-negative, got {eps:g}")

@@ -142,7 +142,7 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
   const char* op = forward_name<kNorm>(residual.defined());
   TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ",
               input.device());
-  const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
+  const LayerNormShape s = layer_norm_shape(kNorm, input, normalized_shape, weight, bias, op);
   if (residual.defined()) check_residual(input, residual, op);
   const double eps = norm_eps<kNorm>(eps_arg, input.scalar_type(), op);
   // The sum is torch's own add (the CPU kernels are the reference: its rounding, exactly).
@@ -206,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
   constexpr const char* op = kBackwardName<kNorm>;
   TORCH_CHECK(input.device().is_cpu(), op, ": expected every tensor on one CPU device, got the input on ",
               input.device());
-  const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
+  const LayerNormShape s = layer_norm_shape(kNorm, input, normalized_shape, weight, bias, op);
   check_norm_bwd(grad_out, input, mean, rstd, s, op);
   check_grad_sum(grad_sum, input, op);
   const at::Tensor x = input.contiguous(), dy = grad_out.contiguous(), w = contiguous_or_undefined(weight);

@@ -616,7 +616,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
     const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask, const at::Tensor& grad_sum) {
   constexpr const char* op = kBackwardName<kNorm>;
   TORCH_CHECK(input.is_cuda(), op, ": expected every tensor on one CUDA device, got the input on ", input.device());
-  const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
+  const LayerNormShape s = layer_norm_shape(kNorm, input, normalized_shape, weight, bias, op);
   check_norm_bwd(grad_out, input, mean, rstd, s, op);
   check_grad_sum(grad_sum, input, op);
   const c10::cuda::CUDAGuard guard(input.device());

@@ -165,7 +165,7 @@ NormForward row_norm_fwd(const at::Tensor& input, const at::Tensor& residual, c1
                          std::optional<double> eps_arg) {
   const char* op = forward_name<kNorm>(residual.defined());
   TORCH_CHECK(input.is_cuda(), op, ": expected every tensor on one CUDA device, got the input on ", input.device());
-  const LayerNormShape s = layer_norm_shape(input, normalized_shape, weight, bias, op);
+  const LayerNormShape s = layer_norm_shape(kNorm, input, normalized_shape, weight, bias, op);
   if (residual.defined()) check_residual(input, residual, op);
   const double eps = norm_eps<kNorm>(eps_arg, input.scalar_type(), op);
   const c10::cuda::CUDAGuard guard(input.device());
