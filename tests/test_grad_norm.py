@@ -388,6 +388,36 @@ def test_scaling_is_torchs_bit_for_bit(grad_dtype, norm_dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("foreach", [None, False], ids=["foreach", "one_by_one"])
+def test_zero_dim_gradients_scaled_as_torchs_mul(foreach, device):
+    """torch's g.mul_(coefficient) promotes a 0-dim gradient with the 0-dim coefficient as equals: a float16 one
+    times a float64 coefficient is computed in float64 and rounded once. Ours gives its bits, also where the
+    coefficient is below float16's normals (the scaling kernel's cast of it to float16 left 7.0 * 4.47e-8 at 7
+    subnormal steps where torch's product rounds to 5), in clip_grad_norm_ and in clip_grads_with_norm_."""
+    grads = [torch.tensor(v, dtype=d, device=device) for v, d in [
+        (7.0, torch.float16), (-3.0, torch.float16), (-7.0, torch.bfloat16), (1.5, torch.float32),
+        (3 + 4j, torch.complex64)]]
+    grads.append(torch.full((5,), 1e6, dtype=torch.float64, device=device))  # total 2.2e6: coefficient 4.5e-8
+    grads.append(torch.randn(3, 7, device=device).half())  # with dims: the coefficient cast to float16
+
+    def params():
+        made = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(made, grads):
+            p.grad = g.clone()
+        return made
+
+    ours, theirs, again = params(), params(), params()
+    total = torch_reduce.clip_grad_norm_(ours, 0.1, foreach=foreach)
+    assert total.dtype == torch.float64
+    torch.nn.utils.clip_grads_with_norm_(theirs, 0.1, total, foreach=foreach)
+    torch_reduce.clip_grads_with_norm_(again, 0.1, total, foreach=foreach)
+    for p, q, r in zip(ours, theirs, again):
+        assert torch.equal(p.grad.view(-1).view(torch.uint8), q.grad.view(-1).view(torch.uint8)), (p.grad, q.grad)
+        assert torch.equal(r.grad.view(-1).view(torch.uint8), q.grad.view(-1).view(torch.uint8)), (r.grad, q.grad)
+    assert ours[0].grad.item() == pytest.approx(7.0 * 4.472136e-8, rel=0.2)  # the value itself: 5 steps of 6e-8
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_non_contiguous_grads(device):
     params = [torch.nn.Parameter(torch.randn(40, 30, device=device)) for _ in range(3)]
     params[0].grad = torch.randn(30, 40, device=device).t()  # dense, another order

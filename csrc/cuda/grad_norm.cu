@@ -24,6 +24,8 @@
 #include <c10/util/TypeCast.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "common/dispatch.h"
 #include "cuda/arch_check.cuh"
 #include "cuda/block_reduce.cuh"
@@ -491,23 +493,33 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
   return totals.size() == 1 ? totals[0] : combine_totals(totals, ord);
 }
 
+// Whether torch's g.mul_(coefficient) computes in a wider type than the scaling kernel. A 0-dim gradient meets the
+// 0-dim coefficient as an equal in type promotion, so torch multiplies in their promoted type and rounds once (a
+// float16 gradient by a float64 coefficient: in float64), where the kernel casts the coefficient to the gradient's
+// dtype first, torch's rule for a gradient with dims; below float16's normals (a total norm over 16,000 times
+// max_norm) that cast leaves the coefficient a few subnormal steps, and the product several steps off torch's.
+bool scaled_in_a_wider_type(const at::Tensor& g, at::ScalarType coefficient_type) {
+  return g.dim() == 0 && at::promoteTypes(g.scalar_type(), coefficient_type) != g.scalar_type();
+}
+
 void clip_grads_cuda(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {
   const char* op = "reduce::clip_grads_";
   check_clip_grads(grads, total_norm, op);
   const std::vector<at::Tensor> views = real_views(grads);
   for_each_device(views, op, [&](at::Device device, const std::vector<int64_t>& positions) {
-    const std::vector<at::Tensor> group = select(views, positions);
     if (device.is_cpu()) {
-      cpu::clip_grads_(group, total_norm, max_norm);
+      cpu::clip_grads_(select(grads, positions), total_norm, max_norm);
       return;
     }
     const at::Tensor total_here = total_norm.to(device);
     std::vector<at::Tensor> dense;
-    for (const at::Tensor& g : group) {
-      if (g.is_non_overlapping_and_dense()) {
-        dense.push_back(g);
+    at::Tensor coefficient;  // for the gradients the kernel does not scale as torch's mul would
+    for (int64_t i : positions) {
+      if (views[i].is_non_overlapping_and_dense() && !scaled_in_a_wider_type(grads[i], total_norm.scalar_type())) {
+        dense.push_back(views[i]);
       } else {
-        g.mul_(clip_coefficient(total_here, max_norm));  // torch's own in-place rules (and errors) for the rest
+        if (!coefficient.defined()) coefficient = clip_coefficient(total_here, max_norm);
+        grads[i].mul_(coefficient);  // torch's own in-place rules (and errors)
       }
     }
     if (dense.empty()) return;
@@ -522,14 +534,17 @@ at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double nor
   check_norm_list(grads, norm_type, std::nullopt);
   const at::Device device = grads[0].device();
   bool one_dense_cuda_list = device.is_cuda();
-  bool complex = false;
+  bool complex = false, zero_dim = false;
   at::ScalarType total_type = c10::toRealValueType(grads[0].scalar_type());  // total_norm_dtype's, in the same pass
   for (const at::Tensor& g : grads) {
     one_dense_cuda_list = one_dense_cuda_list && g.device() == device && g.is_non_overlapping_and_dense();
     complex = complex || g.is_complex();
+    zero_dim = zero_dim || g.dim() == 0;
     total_type = at::promoteTypes(total_type, c10::toRealValueType(g.scalar_type()));
   }
-  if (!one_dense_cuda_list || (complex && norm_type != 2))
+  const auto wider = [&](const at::Tensor& g) { return scaled_in_a_wider_type(g, total_type); };
+  if (!one_dense_cuda_list || (complex && norm_type != 2) ||
+      (zero_dim && std::any_of(grads.begin(), grads.end(), wider)))
     return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type);
   const bool wide = total_type == at::kDouble;  // only float types reach here: double iff one is double
   const c10::cuda::CUDAGuard guard(device);
