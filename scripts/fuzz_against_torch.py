@@ -118,10 +118,18 @@ class Fuzz:
         def torch_norm(s, weight, bias):
             return F.layer_norm(s, normalized, weight, bias, eps) if layer else F.rms_norm(s, normalized, weight, eps)
 
-        leaves64 = [t.detach().double().requires_grad_() for t in [summed] + params]
-        it = iter(leaves64[1:])
-        y64 = torch_norm(leaves64[0], next(it) if w is not None else None, next(it) if b is not None else None)
-        want = torch.autograd.grad(y64, leaves64, cotangents[0].double())
+        def reference(device):  # float64 on `device`, returned on ours
+            leaves = [t.detach().to(device, torch.float64).requires_grad_() for t in [summed] + params]
+            it = iter(leaves[1:])
+            y = torch_norm(leaves[0], next(it) if w is not None else None, next(it) if b is not None else None)
+            grads = torch.autograd.grad(y, leaves, cotangents[0].to(device, torch.float64))
+            return [t.detach().to(self.device) for t in leaves], y.detach().to(self.device), \
+                [g.to(self.device) for g in grads]
+
+        try:
+            leaves64, y64, want = reference(self.device)
+        except RuntimeError:  # torch's CUDA LayerNorm backward refuses a bias without a weight; its CPU one takes it
+            leaves64, y64, want = reference("cpu")
         theirs_leaves = [summed.detach().requires_grad_()] + [p.detach().to(dtype).requires_grad_() for p in params]
         it = iter(theirs_leaves[1:])
         try:
