@@ -4,8 +4,9 @@ kernels' plan boundaries among them), dtypes and layouts (contiguous, one elemen
 transposed, sliced), each against a float64 reference. A call fails when our error exceeds 4x torch's own error on
 the same call and a floor of a few units of the dtype's rounding, both measured against the natural scale of the
 result (the reduction of |x| for a sum or mean, the column sums of |dy| (|xhat| + |x| rstd) for a weight gradient),
-or when our parameter gradients differ between two runs (they are fixed-order folds), or when a fused add's sum is
-not x + r. Prints the failures; exits 1 if any.
+or when our parameter gradients differ between two runs (they are fixed-order folds), when a fused add's sum is
+not x + r, or when a clipped gradient is not what torch's clip_grads_with_norm_ gives with our total. Prints the
+failures; exits 1 if any.
 
     python3 scripts/fuzz_against_torch.py [--device cuda] [--seconds 80] [--seed 11]
 """
@@ -274,6 +275,15 @@ class Fuzz:
         if (mine.dtype, mine.shape) != (torchs.dtype, torchs.shape):
             self.fail(f"{desc}: the total is {mine.dtype}, torch's {torchs.dtype}")
         self.judge(f"{desc}: total", mine, torchs, total, 0.0, worst)
+        # Given our total, torch's scaling gives the values ours must (its mul's casts and promotions), to the bit.
+        scaled = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(scaled, grads):
+            p.grad = g.clone()
+        torch.nn.utils.clip_grads_with_norm_(scaled, max_norm, mine, foreach=foreach)
+        for p, q, g in zip(ours, scaled, grads):
+            both_nan = p.grad.isnan() & q.grad.isnan()
+            if not torch.equal(torch.where(both_nan, 0, p.grad), torch.where(both_nan, 0, q.grad)):
+                self.fail(f"{desc}: clipped {tuple(g.shape)} {g.dtype}: not torch's scaling by our total")
         coefficient = min(1.0, max_norm / (total.item() + 1e-6))
         for p, q, g in zip(ours, theirs, grads):
             # A product below the dtype's smallest normal rounds to a multiple of the subnormal quantum: two quanta
