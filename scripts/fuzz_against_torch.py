@@ -1,12 +1,12 @@
 """Differential fuzz against torch on one device: random calls of the norms (forward and backward, a random subset of
-the leaves differentiated), the dim reductions and clip_grad_norm_, at random shapes (hidden sizes around the
-kernels' plan boundaries among them), dtypes and layouts (contiguous, one element past a 16-byte boundary,
+the leaves differentiated), the dim reductions, clip_grad_norm_ and foreach_norm, at random shapes (hidden sizes
+around the kernels' plan boundaries among them), dtypes and layouts (contiguous, one element past a 16-byte boundary,
 transposed, sliced), each against a float64 reference. A call fails when our error exceeds 4x torch's own error on
 the same call and a floor of a few units of the dtype's rounding, both measured against the natural scale of the
 result (the reduction of |x| for a sum or mean, the column sums of |dy| (|xhat| + |x| rstd) for a weight gradient),
-or when our parameter gradients differ between two runs (they are fixed-order folds), when a fused add's sum is
-not x + r, or when a clipped gradient is not what torch's clip_grads_with_norm_ gives with our total. Prints the
-failures; exits 1 if any.
+or when our parameter gradients differ between two runs (they are fixed-order folds), when a fused add's sum is not
+x + r, or when a clipped gradient is not what torch's clip_grads_with_norm_ gives with our total. Prints the failures;
+exits 1 if any.
 
     python3 scripts/fuzz_against_torch.py [--device cuda] [--seconds 80] [--seed 11]
 """
@@ -293,6 +293,36 @@ class Fuzz:
             self.judge(f"{desc}: clipped {tuple(g.shape)} {g.dtype}", p.grad, q.grad, g.double() * coefficient,
                        2 * quantum / (4 * FLOOR[g.dtype]), g.dtype)
         self.counts["clip"] = self.counts.get("clip", 0) + 1
+        self.foreach_norm(grads, order)
+
+    def foreach_norm(self, tensors, order):
+        """foreach_norm of a list against torch._foreach_norm, with a dtype= each tensor's reaches (or None)."""
+        dtype = self.rng.choice([None, torch.float32, torch.float64])
+        if dtype is not None:  # a dtype= no tensor's narrows to
+            tensors = [t for t in tensors if torch.promote_types(t.dtype, dtype) == dtype] or \
+                [t.to(dtype) for t in tensors]
+        desc = f"foreach_norm of {len(tensors)} ({sorted(set(str(t.dtype) for t in tensors))}) order {order} " \
+               f"dtype {dtype}"
+        results = []
+        for norms in (torch_reduce.foreach_norm, torch._foreach_norm):
+            try:
+                results.append(norms(tensors, order, dtype=dtype))
+            except Exception as error:  # noqa: BLE001 - compared with torch's
+                results.append(error)
+        mine, torchs = results
+        if isinstance(mine, Exception) or isinstance(torchs, Exception):
+            if type(mine) is not type(torchs):
+                self.fail(f"{desc}: ours {type(mine).__name__}: {str(mine)[:100]}, torch's "
+                          f"{type(torchs).__name__}: {str(torchs)[:100]}")
+            return
+        for t, a, b in zip(tensors, mine, torchs):
+            if (a.dtype, a.shape) != (b.dtype, b.shape):
+                self.fail(f"{desc}: a norm of {t.dtype} is {a.dtype} {tuple(a.shape)}, torch's {b.dtype} "
+                          f"{tuple(b.shape)}")
+                continue
+            self.judge(f"{desc}: norm of {tuple(t.shape)} {t.dtype}", a, b,
+                       torch.linalg.vector_norm(t.double(), order), 0.0, a.dtype)
+        self.counts["foreach_norm"] = self.counts.get("foreach_norm", 0) + 1
 
 
 def main():
