@@ -144,3 +144,30 @@ def test_dry_run_prints_the_plan_and_the_ncu_command(capsys):
     out = capsys.readouterr().out
     assert "42 op calls, 63 launches" in out
     assert "--csv --page raw" in out and "-k regex:ladder_pass_kernel" in out and "--driver" in out
+
+
+def test_sass_loops_finds_the_row_loop_and_counts_its_opcodes():
+    spec = importlib.util.spec_from_file_location("sass_loops", Path(__file__).parents[1] / "scripts" / "sass_loops.py")
+    sass_loops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_loops)
+    text = "\n".join([
+        "\tcode for sm_90",
+        "\t\tFunction : _Z6kernelPf",
+        "        /*0000*/                   LDC R1, c[0x0][0x28] ;",
+        "        /*0010*/                   FADD R2, R2, R3 ;",
+        "        /*0020*/              @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;",
+        "        /*0030*/                   FADD R2, R2, R4 ;",
+        "        /*0040*/               @P1 BRA 0x10 ;",
+        "        /*0050*/                   EXIT ;",
+        "        /*0060*/                   BRA 0x60;",
+        "        /* 0x000fc00000000000 */",
+        "\t\tFunction : _Z5otherv",
+        "        /*0000*/                   EXIT ;",
+    ])
+    found = sass_loops.functions(text)
+    assert list(found) == ["_Z6kernelPf", "_Z5otherv"] and len(found["_Z6kernelPf"]) == 7
+    assert sass_loops.loops(found["_Z6kernelPf"]) == [(0x10, 0x40, 4)]  # not the branch to itself after EXIT
+    assert sass_loops.opcode("@!P0 LDG.E.128 R4, desc[UR4][R2.64]") == "LDG"
+    report = sass_loops.report("kernel(float*)", found["_Z6kernelPf"])
+    assert "instructions 7" in report and "loop 0x0010..0x0040: 4 instructions" in report
+    assert "longest loop: FADD 2, LDG 1, BRA 1" in report
