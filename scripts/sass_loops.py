@@ -2,7 +2,8 @@
 count, its loops (backward branches: start, end, length) and the opcode counts of its longest loop, which is a row
 kernel's row loop. Instructions a row beside a measured time say how much of a kernel is issue: the LayerNorm
 backward's bfloat16 shared-memory row kernel (2 vectors a thread) issues 522 instructions a row, RMSNorm's 399, 86
-of the difference FADDs, and on the H200 LayerNorm takes 1.15x RMSNorm's time there.
+of the difference FADDs, and LayerNorm's takes 1.15x RMSNorm's time (16384x4096 on the H200: 125.4 against 109.5 us,
+benchmarks/results/nvidia-h200/layernorm_bwd_variants.md).
 
 Reads an object file of the build (build/temp.*/csrc/cuda/NAME.o: seconds) or the extension (torch_reduce/_C.abi3.so:
 every kernel, about 100 s). Needs cuobjdump and nvdisasm: on PATH, in CUDA_HOME/bin, or from the `sass` extra
