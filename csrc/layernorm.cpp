@@ -125,10 +125,13 @@ LayerNormShape layer_norm_shape(RowNorm norm, const at::Tensor& input, c10::SymI
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   TORCH_CHECK(k >= 1, op, ": normalized_shape must name at least one dim, got []");
   const int64_t axis = input.dim() - k;
-  TORCH_CHECK_VALUE(axis >= 0 || norm == RowNorm::Layer, op, ": normalized_shape ", normalized_shape,
-                    " does not match the input's trailing dims (input shape ", input.sizes(), ")");
-  TORCH_CHECK(axis >= 0 && input.sizes().slice(axis).equals(normalized_shape), op, ": normalized_shape ",
-              normalized_shape, " does not match the input's trailing dims (input shape ", input.sizes(), ")");
+  if (axis < 0 || !input.sizes().slice(axis).equals(normalized_shape)) {
+    const std::string message = c10::str(op, ": normalized_shape ", normalized_shape,
+                                         " does not match the input's trailing dims (input shape ", input.sizes(), ")");
+    // Fewer input dims than normalized_shape: torch's rms_norm raises ValueError, its layer_norm RuntimeError.
+    TORCH_CHECK_VALUE(axis >= 0 || norm == RowNorm::Layer, message);
+    TORCH_CHECK(false, message);
+  }
   const bool half_input = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
   std::optional<at::ScalarType> param_type;
   for (const auto& [param, name] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
