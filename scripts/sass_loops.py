@@ -30,8 +30,7 @@ def tool_dirs() -> list[str]:
     """Where cuobjdump and nvdisasm may be: PATH, the CUDA toolkit, the NVIDIA wheels' bin directories."""
     dirs = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
     dirs += [os.path.join(home, "bin") for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if home]
-    dirs += [str(p / "nvidia" / cu / "bin") for p in map(Path, sys.path) if p.is_dir()
-             for cu in ("cu13", "cu12", "cuda_cuobjdump", "cuda_nvdisasm")]
+    dirs += [str(p / "nvidia" / "cu13" / "bin") for p in map(Path, sys.path) if p.is_dir()]  # the sass extra's
     return dirs
 
 
