@@ -4,6 +4,7 @@ gradients requested separately and past 2^31 elements, the module and convert_la
 (tests/test_op_contract.py, from the specs in tests/op_specs.py) runs the rest: autograd, opcheck, compile, bad
 inputs, device mixes, determinism (bitwise weight and bias gradients), streams, CUDA graphs and two GPUs."""
 import math
+import re
 
 import pytest
 import torch
@@ -341,12 +342,42 @@ def test_backward_kernel_layouts(rows, hidden, dtype, name):
     last warp's threads partly idle) or in registers (3001 x 768; 8200, one row an SM; float32 18440, each row split
     over a cluster of four blocks, the last block's share shorter), every norm, the fused ones' grad_sum included:
     against float64, and the parameter gradients the same bits on a second run."""
+    check_grads_reproducible(name, rows, hidden, dtype, dtype)
+
+
+def check_grads_reproducible(name, rows, hidden, dtype, param_dtype):
+    """Norm `name`'s gradients of a random (rows, hidden) input against float64 (check_norm_grads), and the parameter
+    gradients the same bits on a second run."""
     x, r = (torch.randn(rows, hidden, device="cuda").to(dtype).requires_grad_() for _ in range(2))
-    w, b = make_params((hidden,), dtype, "cuda", True, True)
+    w, b = make_params((hidden,), param_dtype, "cuda", True, True)
     outputs, params, grads_out, got = check_norm_grads(name, x, r, w, b)
     again = torch.autograd.grad(outputs, params, grads_out)
     for g, h in zip(got[len(got) - len(params):], again):
         assert torch.equal(g, h)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", list(NORM_CALLS))
+@pytest.mark.parametrize("dtype,param_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                               (torch.float16, torch.float16)], ids=str)
+@pytest.mark.parametrize("hidden", [8192, 10240, 12288])
+@pytest.mark.parametrize("rows_per_sm", [50, 8])
+def test_backward_two_wide_rows_at_once(rows_per_sm, hidden, dtype, param_dtype, name):
+    """16-bit rows of 512-768 threads of two vectors (8192-12288 columns) go two at a time to a block compiled for
+    768 threads an SM where each SM has 48 rows at least (Tuning::kWideRowPairsMinBlock), an odd row count leaving
+    the last pair one row short; float32 parameters beside bfloat16 (mixed precision); float16 with grad_sum (the
+    fused norms) one row at a time, its pair kernel spilling; fewer rows one at a time. The kernel launched (by its
+    template arguments: any-size block, two vectors a thread, two rows), every norm against float64, the parameter
+    gradients the same bits on a second run."""
+    rows = rows_per_sm * torch.cuda.get_device_properties(0).multi_processor_count + 1
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        check_grads_reproducible(name, rows, hidden, dtype, param_dtype)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in profile.events() if "row_norm_bwd_rows_kernel" in e.name]
+    pairs = [k for k in kernels if re.search(r"row_norm_bwd_rows_kernel<[^,]+, [^,]+, 0u, 0u, 2, 2, ", k)]
+    assert kernels, "no backward row kernel seen"
+    one_at_a_time = rows_per_sm < 48 or (dtype == torch.float16 and name.startswith("add"))
+    assert len(pairs) == (0 if one_at_a_time else len(kernels)), kernels
 
 
 @requires_cuda

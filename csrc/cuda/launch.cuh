@@ -124,24 +124,39 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
+// compute(the attributes of `kernel`) on the current device, once per device and kernel (and call site: each
+// lambda type has its own cache).
+template <typename Kernel, typename Compute>
+size_t once_per_kernel(Kernel kernel, Compute compute) {
+  static std::mutex mutex;
+  static std::map<std::pair<c10::DeviceIndex, const void*>, size_t> cache;
+  const auto key = std::make_pair(c10::cuda::current_device(), reinterpret_cast<const void*>(kernel));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    cudaFuncAttributes attributes;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    it = cache.emplace(key, compute(attributes)).first;
+  }
+  return it->second;
+}
+
+// Local memory a thread of `kernel` uses on the current device, in bytes: registers ptxas spilled, or a stack.
+template <typename Kernel>
+size_t local_bytes_per_thread(Kernel kernel) {
+  return once_per_kernel(kernel, [](const cudaFuncAttributes& attributes) { return attributes.localSizeBytes; });
+}
+
 // Lets `kernel` take as much dynamic shared memory as a block of the current device may have beside the
 // kernel's static shared memory (beyond 48 KiB in all needs this, once per device and kernel); returns that
 // many bytes, the most a launch of it may ask for.
 template <typename Kernel>
 size_t allow_max_dynamic_shared(Kernel kernel) {
-  static std::mutex mutex;
-  static std::map<std::pair<c10::DeviceIndex, const void*>, size_t> allowed;
-  const auto key = std::make_pair(c10::cuda::current_device(), reinterpret_cast<const void*>(kernel));
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = allowed.find(key);
-  if (it == allowed.end()) {
-    cudaFuncAttributes attributes;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  return once_per_kernel(kernel, [kernel](const cudaFuncAttributes& attributes) {
     const size_t limit = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin - attributes.sharedSizeBytes;
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
-    it = allowed.emplace(key, limit).first;
-  }
-  return it->second;
+    return limit;
+  });
 }
 
 // Scratch of a launch whose last block of each group folds what the group's blocks wrote: `partial_bytes` for the

@@ -21,7 +21,9 @@
 //              (Tuning::kSharedSumsThreads) of a group just as large as the row needs (any multiple of 32) at
 //              two vectors a thread, three where 1024 threads of two do not hold it (Tuning::kWideSharedSumsItems);
 //              short rows two at a time (ROWS), one barrier and one column-sum update for both
-//              (Tuning::kRowPairsMaxBlock: float32 16384x1024 1.19-1.25x, bfloat16 65536x1024 1.03-1.06x);
+//              (Tuning::kRowPairsMaxBlock: float32 16384x1024 1.19-1.25x, bfloat16 65536x1024 1.03-1.06x), and
+//              many rows of 512-768 threads too, at 768 threads per SM (Tuning::kWideRowPairsMinBlock: bfloat16
+//              8192-12288 columns 1.01-1.10x on the H100);
 //              on sm_90 and newer the blocks run in clusters whose blocks add up their column sums through
 //              distributed shared memory at the end, one partial row a cluster (Tuning::kColumnSumsCluster).
 // What bounds this kernel is how many rows an SM has in progress: each row's loads wait on its reduction's
@@ -297,6 +299,18 @@ struct RowSumsOp {
   }
 };
 
+// Threads an SM a row kernel is compiled for (its registers: 65536 / that many), and its largest block: two rows
+// at once of two or more vectors a thread hold twice the row registers (Tuning::kWideRowPairsThreads).
+template <typename Tuning, ColumnSums kSums, int ITEMS, int ROWS>
+constexpr unsigned row_kernel_sm_threads() {
+  if (kSums == ColumnSums::Registers) return Tuning::kBackwardThreads;
+  return ROWS > 1 && ITEMS > 1 ? Tuning::kWideRowPairsThreads : Tuning::kSharedSumsThreads;
+}
+template <unsigned BLOCK, unsigned kSmThreads>
+constexpr unsigned row_kernel_max_block() {
+  return BLOCK != kAnyBlock ? BLOCK : kSmThreads < 1024 ? kSmThreads : 1024;
+}
+
 // kGradSum: grad_sum is given (a fused add + norm's backward). A template flag, so the ordinary kernels keep
 // their registers: the load and add spilled the wide-row kernels of 512 threads (ptxas: 88 bytes).
 // ROWS: rows a group takes at once (consecutive ones; the grid's last group may have fewer): their loads are in
@@ -304,9 +318,10 @@ struct RowSumsOp {
 // they are added to the shared-memory sums.
 template <typename Tuning, RowNorm kNorm, unsigned GROUP, unsigned BLOCK, int ITEMS, int ROWS, int CLUSTER, int SPLIT,
           RowSource kSource, ColumnSums kSums, bool kGradSum, typename scalar_t, typename param_t, typename acc_t>
-__global__ void __launch_bounds__(BLOCK == kAnyBlock ? 1024 : BLOCK,
-                                  (kSums == ColumnSums::Shared ? Tuning::kSharedSumsThreads : Tuning::kBackwardThreads) /
-                                      (BLOCK == kAnyBlock ? 1024 : BLOCK))
+__global__ void __launch_bounds__(
+    (row_kernel_max_block<BLOCK, row_kernel_sm_threads<Tuning, kSums, ITEMS, ROWS>()>()),
+    row_kernel_sm_threads<Tuning, kSums, ITEMS, ROWS>() /
+        row_kernel_max_block<BLOCK, row_kernel_sm_threads<Tuning, kSums, ITEMS, ROWS>()>())
     row_norm_bwd_rows_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ in,
                                const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
                                const param_t* __restrict__ weight, const scalar_t* __restrict__ grad_sum,
@@ -666,6 +681,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
           double rows_per_sm = 0;
           bool split = false;   // rows split over clusters
           bool reread = false;  // each row read twice (RowSource::Reread)
+          bool spills = false;  // its kernel uses local memory (local_bytes_per_thread)
           std::function<void(bool prefetch_next)> launch;
         };
         // threads: the block's (BLOCK, or the run-time size of a kAnyBlock block).
@@ -699,7 +715,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
                 (std::min({row_grid * kSplit, resident, max_grid}) + kCluster - 1) / kCluster * kCluster;
             const int64_t in_progress = std::min(blocks / kSplit * kGroups * kRowsAtOnce, rows);
             return RowPlan{static_cast<double>(in_progress) / static_cast<double>(sms), kSplit > 1,
-                           decltype(source)::value == RowSource::Reread,
+                           decltype(source)::value == RowSource::Reread, local_bytes_per_thread(kernel) > 0,
                            [=, &partial_rows](bool prefetch_next) {
                              acc_t* partial_ptr = partial_rows(blocks / kCluster);
                              at::Tensor ones;  // the weight where the norm has none (weight_given)
@@ -808,16 +824,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
                          : plan_rows(AnyBlock(), AnyBlock(), SharedItems(), One(), Held(), InShared(),
                                      whole_warps(threads), rows, min_rows(1), cluster, One());
             });
-            // Short rows: a block of one vector a thread takes two rows at once (Tuning::kRowPairsMaxBlock).
-            const unsigned pair_threads = whole_warps(vectors);
-            if (threads > kWarpSize && pair_threads <= Tuning::kRowPairsMaxBlock) {
-              using OneItem = std::integral_constant<int, 1>;
-              using Two = std::integral_constant<int, 2>;
+            // Two rows at once: short rows in a block of one vector a thread (Tuning::kRowPairsMaxBlock), wide ones
+            // in a block of as many threads as one row's where the rows are many (Tuning::kWideRowPairsMinBlock),
+            // where their kernel keeps its registers (ptxas: float16 with grad_sum spills 158-276 bytes at 80
+            // registers, bfloat16 none).
+            using Two = std::integral_constant<int, 2>;
+            const auto take_pairs = [&](auto items, unsigned block_threads) {
               RowPlan pairs = with_cluster([&](auto cluster) {
-                return plan_rows(AnyBlock(), AnyBlock(), OneItem(), Two(), Held(), InShared(),
-                                 pair_threads, (rows + 1) / 2, min_rows(1), cluster, One());
+                return plan_rows(AnyBlock(), AnyBlock(), items, Two(), Held(), InShared(), block_threads,
+                                 (rows + 1) / 2, min_rows(1), cluster, One());
               });
-              if (pairs.rows_per_sm >= shared.rows_per_sm) shared = std::move(pairs);
+              if (!pairs.spills && pairs.rows_per_sm >= shared.rows_per_sm) shared = std::move(pairs);
+            };
+            const unsigned pair_threads = whole_warps(vectors), block_threads = whole_warps(threads);
+            if (threads > kWarpSize && pair_threads <= Tuning::kRowPairsMaxBlock) {
+              take_pairs(std::integral_constant<int, 1>(), pair_threads);
+            } else if (block_threads >= Tuning::kWideRowPairsMinBlock &&
+                       block_threads <= Tuning::kWideRowPairsThreads &&
+                       rows >= Tuning::kWideRowPairsMinRowsPerSm * sms) {
+              take_pairs(SharedItems(), block_threads);
             }
             if (shared.rows_per_sm > plan.rows_per_sm ||
                 (plan.reread && shared.launch && shared.rows_per_sm == plan.rows_per_sm)) {

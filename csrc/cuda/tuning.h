@@ -144,6 +144,22 @@ struct HopperTuning {
   // bfloat16 hidden 768 and 1600 0-4% faster. Wider rows did not gain: blocks of 512 (bfloat16 4096) 0.93-1.02x,
   // of 1024 (bfloat16 8192) 0.91-0.95x.
   static constexpr int64_t kRowPairsMaxBlock = 256;
+  // Rows whose block of kSharedSumsItems vectors a thread has kWideRowPairsMinBlock threads or more (16-bit 8192
+  // to 12288 columns, float32 4096 to 6144) also go two at a time, to a block of as many threads compiled for
+  // kWideRowPairsThreads threads an SM (ptxas: 72-80 registers), where there are kWideRowPairsMinRowsPerSm rows an SM
+  // at least: a 512-thread block holds two rows where two blocks held one each, a 768-thread block two rows where
+  // one held one (or the register kernel one). H100, graph replay, the backward op alone, two runs each, alternating,
+  // LayerNorm / RMSNorm against one row at a time: bfloat16 8192x8192 1.022x / 1.057x, 16384x8192 1.026x / 1.056x,
+  // 65536x8192 1.010x / 1.036x, 16384x10240 1.095x / 1.016x, 16384x12288 1.016x / 1.018x; float16 16384x8192
+  // 1.030x / 1.056x. At fewer rows each block has few pairs to walk and it lost: 1024x8192 0.93x / 0.90x, 4096x8192
+  // 0.98x / 1.00x, 1024x12288 and 4096x12288 0.98-0.99x (2048x10240 1.04x / 1.02x): the boundary lies between 31
+  // rows an SM (4096 on 132 SMs) and 62 (8192). Smaller blocks did not gain: 160-320 threads (bfloat16 2560, 5120)
+  // 0.98-1.04x; 256 (bfloat16 4096) 0.89-0.97x at 1024 and 4096 rows, 0.98-1.01x at 16384 and 65536; as fixed
+  // 256-thread blocks 0.93-0.99x and 1.00-1.04x (LayerNorm 16384x4096 1.037x, RMSNorm 1.008x). A fixed 256-thread
+  // block of one row at a time (7% fewer instructions a row) ran 0.98-1.01x
+  // (benchmarks/results/nvidia-h100/logs/ab_bwd_two_rows.jsonl).
+  static constexpr unsigned kWideRowPairsMinBlock = 512, kWideRowPairsThreads = 768;
+  static constexpr int64_t kWideRowPairsMinRowsPerSm = 48;
   // Blocks of the column-sum plans in clusters of this many (sm_90 and newer): at the end each block adds a
   // share of the cluster's column sums from the others' shared memory, so the cluster writes one partial row,
   // and a block takes kSharedSumsMinRows / kColumnSumsCluster rows at least. H200, graph replay, the backward
@@ -200,7 +216,7 @@ struct HopperTuning {
 // UNMEASURED: Hopper's numbers until someone measures these GPUs. None of the hardware differences requires
 // another compile-time number: 8.6, 8.9 and 12.x hold 1536 threads per SM (the others 2048), and Ampere, Ada and
 // 12.x give a block 99-163 KiB of shared memory (Hopper and 10.x 227), but every one has 64K registers per SM,
-// so the register budgets above (1024 and 512 resident threads) fit everywhere; the grids and the shared-memory
+// so the register budgets above (1024, 768 and 512 resident threads) fit everywhere; the grids and the shared-memory
 // choices, which do depend on threads and shared memory per SM, are made from the device properties.
 using AmpereTuning = HopperTuning;     // sm_80, sm_86: unmeasured
 using AdaTuning = HopperTuning;        // sm_89: unmeasured
