@@ -369,15 +369,16 @@ def test_backward_two_wide_rows_at_once(rows_per_sm, hidden, dtype, param_dtype,
     fused norms) one row at a time, its pair kernel spilling; fewer rows one at a time. The kernel launched (by its
     template arguments: any-size block, two vectors a thread, two rows), every norm against float64, the parameter
     gradients the same bits on a second run."""
-    rows = rows_per_sm * torch.cuda.get_device_properties(0).multi_processor_count + 1
+    rows = rows_per_sm * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count + 1
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
         check_grads_reproducible(name, rows, hidden, dtype, param_dtype)
         torch.cuda.synchronize()
     kernels = [e.name for e in profile.events() if "row_norm_bwd_rows_kernel" in e.name]
     pairs = [k for k in kernels if re.search(r"row_norm_bwd_rows_kernel<[^,]+, [^,]+, 0u, 0u, 2, 2, ", k)]
     assert kernels, "no backward row kernel seen"
-    one_at_a_time = rows_per_sm < 48 or (dtype == torch.float16 and name.startswith("add"))
-    assert len(pairs) == (0 if one_at_a_time else len(kernels)), kernels
+    if torch.cuda.get_device_capability()[0] == 9:  # the plan measured (HopperTuning); other GPUs' occupancy differs
+        one_at_a_time = rows_per_sm < 48 or (dtype == torch.float16 and name.startswith("add"))
+        assert len(pairs) == (0 if one_at_a_time else len(kernels)), kernels
 
 
 @requires_cuda
