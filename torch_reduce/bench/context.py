@@ -34,12 +34,14 @@ class Line:
     figures: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
+        """The line and its figures; the reference figure beside a measured line only on the GPU it belongs to."""
         reference = f"the {REFERENCE_LINE[0]}'s reference: {REFERENCE_LINE[1]:.0f} GB/s"
         if not self.measured:
             return f"Line {self.gbps:.0f} GB/s ({reference}; not measured: no GPU)"
         figures = ", ".join(f"{name} {value:.0f}" for name, value in self.figures.items())
+        cited = f" ({reference})" if REFERENCE_LINE[0] in torch.cuda.get_device_name() else ""
         return (f"Line {self.gbps:.0f} GB/s, measured in this run over 2^{self.log2_n} float32: the best of {figures} "
-                f"GB/s ({reference})")
+                f"GB/s{cited}")
 
 
 def measure_line() -> Line:
