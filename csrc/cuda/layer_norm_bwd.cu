@@ -23,7 +23,8 @@
 //              short rows two at a time (ROWS), one barrier and one column-sum update for both
 //              (Tuning::kRowPairsMaxBlock: float32 16384x1024 1.19-1.25x, bfloat16 65536x1024 1.03-1.06x), and
 //              many rows of 512-768 threads too, at 768 threads per SM (Tuning::kWideRowPairsMinBlock: bfloat16
-//              8192-12288 columns 1.01-1.10x on the H100);
+//              8192-12288 columns 1.01-1.10x on the H100), and of 256 threads in a block of that fixed size
+//              (Tuning::kFixedRowPairsBlock: LayerNorm bfloat16 4096 columns 1.03-1.04x on the H100);
 //              on sm_90 and newer the blocks run in clusters whose blocks add up their column sums through
 //              distributed shared memory at the end, one partial row a cluster (Tuning::kColumnSumsCluster).
 // What bounds this kernel is how many rows an SM has in progress: each row's loads wait on its reduction's
@@ -825,24 +826,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_norm_bwd(
                                      whole_warps(threads), rows, min_rows(1), cluster, One());
             });
             // Two rows at once: short rows in a block of one vector a thread (Tuning::kRowPairsMaxBlock), wide ones
-            // in a block of as many threads as one row's where the rows are many (Tuning::kWideRowPairsMinBlock),
-            // where their kernel keeps its registers (ptxas: float16 with grad_sum spills 158-276 bytes at 80
-            // registers, bfloat16 none).
+            // in a block of as many threads as one row's where the rows are many (Tuning::kWideRowPairsMinBlock; a
+            // block of Tuning::kFixedRowPairsBlock threads compiled for that size), where their kernel keeps its
+            // registers (ptxas: float16 with grad_sum spills 158-276 bytes at 80 registers, bfloat16 none).
             using Two = std::integral_constant<int, 2>;
-            const auto take_pairs = [&](auto items, unsigned block_threads) {
+            using FixedPairBlock = std::integral_constant<unsigned, Tuning::kFixedRowPairsBlock>;
+            const auto take_pairs = [&](auto block, auto items, unsigned block_threads) {
               RowPlan pairs = with_cluster([&](auto cluster) {
-                return plan_rows(AnyBlock(), AnyBlock(), items, Two(), Held(), InShared(), block_threads,
-                                 (rows + 1) / 2, min_rows(1), cluster, One());
+                return plan_rows(block, block, items, Two(), Held(), InShared(), block_threads, (rows + 1) / 2,
+                                 min_rows(1), cluster, One());
               });
               if (!pairs.spills && pairs.rows_per_sm >= shared.rows_per_sm) shared = std::move(pairs);
             };
             const unsigned pair_threads = whole_warps(vectors), block_threads = whole_warps(threads);
+            const bool many_rows = rows >= Tuning::kWideRowPairsMinRowsPerSm * sms;
             if (threads > kWarpSize && pair_threads <= Tuning::kRowPairsMaxBlock) {
-              take_pairs(std::integral_constant<int, 1>(), pair_threads);
-            } else if (block_threads >= Tuning::kWideRowPairsMinBlock &&
-                       block_threads <= Tuning::kWideRowPairsThreads &&
-                       rows >= Tuning::kWideRowPairsMinRowsPerSm * sms) {
-              take_pairs(SharedItems(), block_threads);
+              take_pairs(AnyBlock(), std::integral_constant<int, 1>(), pair_threads);
+            } else if (many_rows && block_threads == FixedPairBlock::value) {
+              take_pairs(FixedPairBlock(), SharedItems(), block_threads);
+            } else if (many_rows && block_threads >= Tuning::kWideRowPairsMinBlock &&
+                       block_threads <= Tuning::kWideRowPairsThreads) {
+              take_pairs(AnyBlock(), SharedItems(), block_threads);
             }
             if (shared.rows_per_sm > plan.rows_per_sm ||
                 (plan.reread && shared.launch && shared.rows_per_sm == plan.rows_per_sm)) {

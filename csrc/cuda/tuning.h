@@ -160,6 +160,15 @@ struct HopperTuning {
   // (benchmarks/results/nvidia-h100/logs/ab_bwd_two_rows.jsonl).
   static constexpr unsigned kWideRowPairsMinBlock = 512, kWideRowPairsThreads = 768;
   static constexpr int64_t kWideRowPairsMinRowsPerSm = 48;
+  // Rows whose block of kSharedSumsItems vectors a thread has exactly this many threads (16-bit 3592 to 4096
+  // columns, float32 1796 to 2048) go two at a time too, under the same row limit, to a block of this fixed size
+  // (its reduction unrolled at compile time: 913 instructions a pair in the row loop where the any-size block runs
+  // 2 x 522, layernorm_bwd_instructions.md), also compiled for kWideRowPairsThreads threads an SM: 6 rows in progress
+  // an SM where 4 blocks held 4. H100, graph replay, the backward op alone, two runs each, alternating, against one
+  // row at a time: LayerNorm bfloat16 8192x4096 1.035x, 16384x4096 1.043x, 65536x4096 1.026x, 16384x4000 1.072x,
+  // float16 16384x4096 1.030x, float32 16384x2048 and 65536x2048 1.009x and 1.015x; RMSNorm 0.995-1.012x. Below the
+  // limit (the A/B above) it lost: 1024x4096 0.93x, 4096x4096 0.98-0.99x.
+  static constexpr unsigned kFixedRowPairsBlock = 256;
   // Blocks of the column-sum plans in clusters of this many (sm_90 and newer): at the end each block adds a
   // share of the cluster's column sums from the others' shared memory, so the cluster writes one partial row,
   // and a block takes kSharedSumsMinRows / kColumnSumsCluster rows at least. H200, graph replay, the backward
