@@ -9,18 +9,17 @@ import sys
 
 import torch
 
-from torch_reduce.bench.layernorm import Sample, _check, _norms, _parameters, _timed_call, _with_forward
-from torch_reduce.bench.timing import rotation, time_graph
+from torch_reduce.bench.layernorm import _check, _norms, _parameters, _timed_call, _with_forward, rotated_samples
+from torch_reduce.bench.timing import time_graph
+
+sys.path.insert(0, "scripts")
+from norm_cases import parse  # noqa: E402
 
 norms = _norms(None)
 for case in sys.argv[1:]:
-    dtype_name, shape = case.split(":")
-    rows, hidden = map(int, shape.split("x"))
-    dtype = getattr(torch, dtype_name)
+    dtype, rows, hidden, _ = parse(case)
     params = _parameters(hidden, dtype)
-    inputs = rotation(lambda: Sample(torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True),
-                                     torch.randn(rows, hidden, device="cuda", dtype=dtype)),
-                      rows * hidden * dtype.itemsize)
+    inputs = rotated_samples(rows, hidden, dtype)
     for mode in ("fwd", "bwd"):
         stream = torch.cuda.Stream() if mode == "bwd" else None
         tsamples = _with_forward(norms["torch"], inputs, params, stream) if mode == "bwd" else inputs

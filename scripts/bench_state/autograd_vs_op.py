@@ -10,17 +10,16 @@ import sys
 import torch
 
 import torch_reduce
-from torch_reduce.bench.layernorm import Sample, _timed_call, _with_forward, _parameters
-from torch_reduce.bench.timing import rotation, time_graph
+from torch_reduce.bench.layernorm import _parameters, _timed_call, _with_forward, rotated_samples
+from torch_reduce.bench.timing import time_graph
+
+sys.path.insert(0, "scripts")
+from norm_cases import parse  # noqa: E402
 
 for case in sys.argv[1:]:
-    dtype_name, shape = case.split(":")
-    rows, hidden = map(int, shape.split("x"))
-    dtype = getattr(torch, dtype_name)
+    dtype, rows, hidden, _ = parse(case)
     params = _parameters(hidden, dtype)
-    inputs = rotation(lambda: Sample(torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True),
-                                     torch.randn(rows, hidden, device="cuda", dtype=dtype)),
-                      rows * hidden * dtype.itemsize)
+    inputs = rotated_samples(rows, hidden, dtype)
     norm = lambda x, w, b: torch_reduce.layer_norm(x, x.shape[-1:], w, b, 1e-5)
     stream = torch.cuda.Stream()
     samples = _with_forward(norm, inputs, params, stream)

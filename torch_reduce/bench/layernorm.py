@@ -155,6 +155,13 @@ def _parameters(hidden: int, dtype: torch.dtype, count: int = 2) -> tuple[torch.
     return tuple(torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True) for _ in range(count))
 
 
+def rotated_samples(rows: int, hidden: int, dtype: torch.dtype) -> list[Sample]:
+    """The rotation of (x, dy) pairs a shape's modes are timed on (x wanting gradients), past the L2."""
+    return rotation(lambda: Sample(torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True),
+                                   torch.randn(rows, hidden, device="cuda", dtype=dtype)),
+                    rows * hidden * dtype.itemsize)
+
+
 def _timed_call(mode: str, norm: Callable, params: tuple) -> Callable[[Sample], object]:
     """What one timed call runs on one Sample."""
     if mode == "fwd":
@@ -296,9 +303,7 @@ class Section:
         """Every mode and implementation of the norm `op` on one rotation of (x, dy), built once."""
         rows, hidden = shape
         params = _parameters(hidden, dtype, param_count)
-        inputs = rotation(lambda: Sample(torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True),
-                                         torch.randn(rows, hidden, device="cuda", dtype=dtype)),
-                          rows * hidden * dtype.itemsize)
+        inputs = rotated_samples(rows, hidden, dtype)
         for mode, passes in MODES.items():
             eager = mode in EAGER_MODES
             graph_ms, eager_ms, errors, reference = dict.fromkeys(IMPLS), dict.fromkeys(IMPLS), {}, None
