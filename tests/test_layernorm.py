@@ -371,7 +371,7 @@ def test_backward_two_wide_rows_at_once(rows_per_sm, hidden, dtype, param_dtype,
     256 threads (16-bit 4000, some of the last warp's threads idle, and 4096; float32 2048) to a block of that fixed
     size (Tuning::kFixedRowPairsBlock); an odd row count leaving the last pair one row short; float32 parameters
     beside bfloat16 (mixed precision); float16 with grad_sum (the fused norms) one row at a time, its pair kernels
-    spilling (ptxas, sm_90: 104-276 bytes); fewer rows one at a time. The kernel launched (by its template
+    spilling (ptxas, sm_90); fewer rows one at a time. The kernel launched (by its template
     arguments: the block, two vectors a thread, two rows), every norm against float64, the parameter gradients the
     same bits on a second run. bfloat16 with grad_sum takes pairs where its pair kernel keeps off local memory,
     which the compiler decides (the 256-thread RMSNorm one with bfloat16 parameters keeps 8 bytes of stack)."""
