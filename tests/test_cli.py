@@ -1,9 +1,10 @@
 """``python -m torch_reduce``: the analyzer's commands print what analysis/ computes, and bad input exits cleanly;
-the benchmark's no-GPU paths (``python -m torch_reduce.bench``) and the host section's CPU part."""
+the benchmark's no-GPU paths (``python -m torch_reduce.bench``), the host section's CPU part and the norm sections' check."""
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from torch_reduce.__main__ import main
 
@@ -123,3 +124,19 @@ def test_bench_host_cpu_part_writes_its_table_and_records(tmp_path):
     for record in data["records"]:
         assert record["device"] == "cpu" and record["median_us"] > 0 and record["blocks"] > 0
         assert record["gpu_us"] is None and record["target_ratio"] == host.TARGET
+
+
+def test_bench_check_compares_chunk_by_chunk_and_misses_nothing(monkeypatch):
+    """The benchmark's correctness check compares CHECK_CHUNK elements at a time: one wrong element in the last,
+    partial chunk of a result fails it, as does a shape that differs; equal results and empty ones pass."""
+    from torch_reduce.bench import layernorm
+
+    monkeypatch.setattr(layernorm, "CHECK_CHUNK", 7)
+    x = torch.randn(5, 9, dtype=torch.bfloat16)
+    layernorm._check((x, torch.empty(0)), (x.clone(), torch.empty(0)))
+    wrong = x.clone()
+    wrong[4, 8] += 3 * max(1.0, x.float().abs().max().item())
+    with pytest.raises(AssertionError, match="result 2 of 2, from element 42"):
+        layernorm._check((x, x), (x, wrong))
+    with pytest.raises(AssertionError, match=r"shape \(5, 9\), torch's \(4, 9\)"):
+        layernorm._check(x, x[:4])
