@@ -1,5 +1,6 @@
 """``python -m torch_reduce``: the analyzer's commands print what analysis/ computes, and bad input exits cleanly;
-the benchmark's no-GPU paths (``python -m torch_reduce.bench``), the host section's CPU part and the norm sections' check."""
+the benchmark's no-GPU paths (``python -m torch_reduce.bench``), the host section's CPU part and the norm sections'
+correctness check."""
 import subprocess
 import sys
 
