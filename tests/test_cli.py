@@ -141,3 +141,32 @@ def test_bench_check_compares_chunk_by_chunk_and_misses_nothing(monkeypatch):
         layernorm._check((x, x), (x, wrong))
     with pytest.raises(AssertionError, match=r"shape \(5, 9\), torch's \(4, 9\)"):
         layernorm._check(x, x[:4])
+
+
+def test_bench_section_times_each_implementation_before_checking_it(monkeypatch, tmp_path, capsys):
+    """Section.measure on CPU tensors, the clocks replaced: torch's call is timed and becomes the reference; the
+    others are timed, then checked (the check's copies slowed the timing after them); a wrong result loses both
+    figures and its error is kept; without torch's reference nothing is timed."""
+    from torch_reduce.bench import layernorm
+    from torch_reduce.bench.context import Context
+    from torch_reduce.bench.timing import Timing
+
+    events = []
+    monkeypatch.setattr(layernorm, "time_graph", lambda fn, samples, **kw: events.append("graph") or Timing(1.0, 1))
+    monkeypatch.setattr(layernorm, "time_launches", lambda fn, samples, **kw: events.append("eager") or Timing(2.0, 1))
+    check = layernorm._check
+    monkeypatch.setattr(layernorm, "_check", lambda got, want: events.append("check") or check(got, want))
+    section = layernorm.Section(Context(quick=True, out_dir=tmp_path), 1)
+    x, errors = torch.randn(4, 8), {}
+    reference, graph_ms, eager_ms = section.measure("w", "torch", lambda s: s * 2, lambda: [x], None, True, errors)
+    assert events == ["graph", "eager"] and (graph_ms, eager_ms) == (1.0, 2.0) and torch.equal(reference, x * 2)
+    events.clear()
+    assert section.measure("w", "ours", lambda s: s + s, lambda: [x], reference, True, errors) == (reference, 1.0, 2.0)
+    assert events == ["graph", "eager", "check"] and errors == {}
+    events.clear()
+    assert section.measure("w", "liger", lambda s: s * 3, lambda: [x], reference, False, errors)[1:] == (None, None)
+    assert events == ["graph", "check"] and "result 1 of 1" in errors["liger"]
+    events.clear()
+    assert section.measure("w", "ours", lambda s: s, lambda: [x], None, True, errors)[1:] == (None, None)
+    assert events == [] and "no reference" in errors["ours"]
+    section.bar.close()
