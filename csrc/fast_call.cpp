@@ -278,6 +278,9 @@ struct NormSpec {
     if (kAdd) {
       if (slots[1] == nullptr || !is_plain_tensor(slots[1])) return false;
       a.residual = &tensor_of(slots[1]);
+      // Another dtype or shape: the wrapper broadcasts and promotes them, as torch's input + residual.
+      if (a.residual->scalar_type() != a.input->scalar_type() || !a.residual->sizes().equals(a.input->sizes()))
+        return false;
     }
     if (slots[kShape] == nullptr || !read_ints(slots[kShape], a.shape)) return false;
     if (!read_optional_tensor(slots[kShape + 1], a.weight)) return false;

@@ -25,7 +25,7 @@ void check_norm_input(const at::Tensor& t, double ord, std::optional<at::ScalarT
   if (empty && ord == INFINITY)
     TORCH_CHECK(false, "_foreach_norm cannot compute the infinity norm on an empty tensor because the operation does "
                 "not have an identity");
-  TORCH_CHECK(!empty || ord >= 0, "linalg.vector_norm cannot compute the ", ord,
+  TORCH_CHECK(!empty || !(ord < 0), "linalg.vector_norm cannot compute the ", ord,
               " norm on an empty tensor because the operation does not have an identity");
 }
 

@@ -168,16 +168,22 @@ def without_bias(norm_samples):
 
 # The residual of each fused add + norm sample: contiguous, or (the first input's rows in turn) misaligned and
 # transposed, so that a kernel reading the two inputs with different layouts is tested.
-RESIDUAL_LAYOUTS = ("contiguous", "offset", "transposed")
+RESIDUAL_LAYOUTS = ("contiguous", "offset", "transposed", "broadcast")
 
 
 def with_residual(norm_samples):
-    """A norm's samples with a residual of the input's shape after the input: the add + norm's samples."""
+    """A norm's samples with a residual after the input: the add + norm's samples. The residual has the input's
+    shape in a layout of RESIDUAL_LAYOUTS, or ("broadcast") the shape of its last dim, which torch's x + r
+    broadcasts over the rows."""
     def samples(device, dtype, requires_grad):
         for i, (args, kwargs) in enumerate(norm_samples(device, dtype, requires_grad)):
             x = args[0]
             layout = RESIDUAL_LAYOUTS[i % len(RESIDUAL_LAYOUTS)]
-            yield (x, make(x.shape, device, x.dtype, requires_grad, layout), *args[1:]), kwargs
+            if layout == "broadcast":
+                residual = make(x.shape[-1:], device, x.dtype, requires_grad)
+            else:
+                residual = make(x.shape, device, x.dtype, requires_grad, layout)
+            yield (x, residual, *args[1:]), kwargs
 
     return samples
 
@@ -426,11 +432,8 @@ def rms_norm_error_inputs(device):
 
 def add_norm_error_inputs(device):
     x, w = torch.randn(4, 6, device=device), torch.ones(6, device=device)
-    # torch's x + r broadcasts and promotes; ours takes the input's shape and dtype alone.
-    yield ErrorInput((x, torch.randn(1, 6, device=device), (6,)), {}, RuntimeError,
-                     "residual must have the input's shape", ours_only=True)
-    yield ErrorInput((x, x.double(), (6,)), {}, RuntimeError, "residual must have the input's shape",
-                     ours_only=True)
+    # A residual that torch's x + r cannot broadcast (torch: "The size of tensor a (6) must match ...").
+    yield ErrorInput((x, torch.randn(5, device=device), (6,)), {}, RuntimeError, "broadcast", ours_message=True)
     yield ErrorInput((x, x, (5,)), {}, match="does not match the input's trailing dims", error=RuntimeError,
                      ours_message=True)
     yield ErrorInput((x, x, (6,), torch.ones(5, device=device)), {}, match="weight must have shape",

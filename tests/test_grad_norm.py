@@ -521,6 +521,56 @@ def test_non_finite_gradients(ord, bad, device):
         torch.testing.assert_close(p.grad, q.grad, equal_nan=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
+@pytest.mark.parametrize("ord", [2, 1, 3, 0.5, -2, INF], ids=str)
+def test_norms_beyond_the_dtypes_range_like_torch(ord, dtype, device):
+    """Gradients whose sum |g|^p overflows float32, or whose norm overflows its dtype: torch's totals (inf, so a clip
+    zeroes the gradients; 0 for order -2, whose terms overflow for the tiny element; finite in float64), not an
+    error converting the norm and not the finite norm of a wider fold. The CPU kernels fold in double."""
+    big, tiny = torch.finfo(dtype).max / 2, torch.finfo(dtype).tiny
+    values = [[big, big, 1.0], [1e20, -1e20, 3.0], [tiny, 2.0, 1.0], [1.0, 2.0, -2.0]]
+    tensors = [torch.tensor(v, dtype=dtype, device=device) for v in values]
+    for got, want in zip(torch_reduce.foreach_norm(tensors, ord), torch._foreach_norm(tensors, ord)):
+        torch.testing.assert_close(got, want, **TORCH_TOL[dtype])
+    for chosen in (tensors[:1], tensors[1:2], tensors[1:], tensors):
+        torch.testing.assert_close(torch_reduce.get_total_norm(chosen, ord),
+                                   torch.nn.utils.get_total_norm(chosen, ord), **TORCH_TOL[dtype])
+    ours, theirs = [], []
+    for params in (ours, theirs):
+        for v in values[1:]:
+            params.append(torch.nn.Parameter(torch.zeros(3, dtype=dtype, device=device)))
+            params[-1].grad = torch.tensor(v, dtype=dtype, device=device)
+    torch.testing.assert_close(torch_reduce.clip_grad_norm_(ours, 1.0, ord),
+                               torch.nn.utils.clip_grad_norm_(theirs, 1.0, ord), **TORCH_TOL[dtype])
+    for p, q in zip(ours, theirs):  # float16's 1e20 is inf: inf * 0 is NaN, as torch's
+        torch.testing.assert_close(p.grad, q.grad, equal_nan=True, **TORCH_TOL[dtype])
+
+
+def test_foreach_norm_arguments_as_torch_takes_them():
+    """A tuple back; a tensor for the list (whose rows would iterate as one) and a bool order refused, as torch's."""
+    x = torch.randn(2, 3)
+    assert type(torch_reduce.foreach_norm([x, x[0]])) is type(torch._foreach_norm([x, x[0]])) is tuple
+    for call in (torch._foreach_norm, torch_reduce.foreach_norm):
+        with pytest.raises(TypeError, match="must be tuple of Tensors, not Tensor"):
+            call(x)
+        with pytest.raises(RuntimeError, match="expects ord to be"):
+            call([x], True)
+
+
+def test_clip_grads_with_an_integer_or_complex_total_like_torch():
+    for total in (torch.tensor(5), torch.tensor(True), torch.tensor(3, dtype=torch.uint8)):
+        ours, theirs = torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(4))
+        ours.grad = torch.randn(4)
+        theirs.grad = ours.grad.clone()
+        torch.nn.utils.clip_grads_with_norm_([theirs], 1.0, total)
+        torch_reduce.clip_grads_with_norm_([ours], 1.0, total)
+        assert torch.equal(ours.grad, theirs.grad)
+    for clip in (torch.nn.utils.clip_grads_with_norm_, torch_reduce.clip_grads_with_norm_):
+        with pytest.raises(NotImplementedError, match="complex"):
+            clip([ours], 1.0, torch.tensor(5 + 1j))
+
+
 def test_foreach_true_on_an_unsupported_device_raises_like_torch():
     params = [torch.nn.Parameter(torch.randn(3, device="meta"))]
     params[0].grad = torch.randn(3, device="meta")

@@ -236,12 +236,12 @@ def test_cuda_backward_more_than_2_31_elements():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("hidden", [64, 1024, 8192, 40000])
 def test_rows_near_the_largest_float(device, dtype, hidden):
-    """Constant rows near the dtype's largest value: variance 0, so the output is the bias, exactly. A plain
-    float32 row sum overflows to inf there (then NaN), although nothing in the exact result does."""
-    x = torch.full((3, hidden), 3e38, device=device).to(dtype)
+    """Constant rows near the dtype's largest value: variance 0, so the output is the bias, exactly. A plain row
+    sum overflows to inf there (then NaN), although nothing in the exact result does."""
+    x = torch.full((3, hidden), torch.finfo(dtype).max * 0.9, device=device, dtype=dtype)
     x[1] = -x[1]
     bias = torch.randn(hidden, device=device).to(dtype)
     out = torch_reduce.layer_norm(x, (hidden,), torch.ones(hidden, device=device, dtype=dtype), bias)

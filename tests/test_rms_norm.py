@@ -97,6 +97,69 @@ def test_weight_of_another_dtype(x_dtype, w_dtype, op, device):
         torch.testing.assert_close(got.double(), wanted.double(), rtol=2e-2, atol=2e-2 if x_dtype.itemsize == 2 else 1e-4)
 
 
+FUSED_ADDS = {"add_layer_norm": (torch_reduce.add_layer_norm, F.layer_norm),
+              "add_rms_norm": (torch_reduce.add_rms_norm, F.rms_norm)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(FUSED_ADDS))
+@pytest.mark.parametrize("x_shape, x_dtype, r_shape, r_dtype", [
+    ((4, 6, 40), torch.bfloat16, (4, 6, 40), torch.float32),  # a 16-bit output beside a float32 residual stream
+    ((4, 6, 40), torch.float32, (4, 6, 40), torch.float16),
+    ((2, 3, 40), torch.float32, (40,), torch.float32),        # one residual row for every row
+    ((40,), torch.float64, (5, 1, 40), torch.float64),        # the input broadcast
+    ((3, 40), torch.float16, (), torch.float32),              # a 0-dim float32 residual keeps the input's dtype
+], ids=str)
+def test_fused_add_broadcasts_and_promotes_as_torchs_add(x_shape, x_dtype, r_shape, r_dtype, name, device):
+    """input + residual as torch's add: broadcast and promoted (the sum torch's bits), the norm of that sum, and
+    the gradients of both through it, each in its own dtype and shape."""
+    ours_op, torch_norm = FUSED_ADDS[name]
+    x = torch.randn(x_shape, device=device, dtype=x_dtype, requires_grad=True)
+    r = torch.randn(r_shape, device=device, dtype=r_dtype, requires_grad=True)
+    want_total = x + r
+    w = torch.randn(40, device=device, dtype=want_total.dtype, requires_grad=True)
+    y, total = ours_op(x, r, (40,), w)
+    want = torch_norm(want_total, (40,), w)
+    assert torch.equal(total, want_total) and y.dtype == want.dtype and y.shape == want.shape
+    tol = dict(rtol=2e-2, atol=2e-2) if want.dtype.itemsize == 2 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y, want, **tol)
+    dy, dtotal = torch.randn_like(y), torch.randn_like(total)
+    got = torch.autograd.grad((y, total), (x, r, w), (dy, dtotal))
+    wanted = torch.autograd.grad((want, want_total), (x, r, w), (dy, dtotal))
+    for g, h in zip(got, wanted):
+        assert g.dtype == h.dtype and g.shape == h.shape
+        torch.testing.assert_close(g, h, **tol)
+
+
+@pytest.mark.parametrize("name", list(FUSED_ADDS))
+def test_fused_add_under_autocast_with_a_float32_residual_stream(name):
+    """The README's decoder-layer change under CPU autocast: a bfloat16 projection beside a float32 residual
+    stream gives torch's dtypes and values (the sum and the norm in float32), not an error."""
+    ours_op, torch_norm = FUSED_ADDS[name]
+    proj, residual = nn.Linear(48, 48), torch.randn(2, 5, 48, requires_grad=True)
+    weight, x = torch.randn(48, requires_grad=True), torch.randn(2, 5, 48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = proj(x)
+        y, total = ours_op(out, residual, (48,), weight)
+        want_total = out + residual
+        want = torch_norm(want_total, (48,), weight)
+    assert y.dtype == want.dtype and total.dtype == want_total.dtype == torch.float32
+    assert torch.equal(total, want_total)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    params = (proj.weight, residual, weight)
+    got = torch.autograd.grad((y * y).sum() + total.sum(), params, retain_graph=True)
+    for g, h in zip(got, torch.autograd.grad((want * want).sum() + want_total.sum(), params)):
+        torch.testing.assert_close(g, h, rtol=1e-2, atol=1e-3)  # the projection's gradient: a bfloat16 matmul
+
+
+def test_fused_add_refuses_what_torchs_add_refuses():
+    for op in (torch_reduce.add_layer_norm, torch_reduce.add_rms_norm):
+        with pytest.raises(RuntimeError):
+            torch.randn(4, 6) + torch.randn(5)
+        with pytest.raises(RuntimeError, match="broadcast"):
+            op(torch.randn(4, 6), torch.randn(5), (6,))
+
+
 # ------------------------------------------------------------------------------------------ convert_norms ----
 
 class LlamaStyleRMSNorm(nn.Module):

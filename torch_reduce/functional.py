@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _entry_points
-from .reductions import _bool, _dims, _number
+from .reductions import _bool, _dims, _input, _number
 
 _Dims = Union[int, Sequence[int], None]
 _NOT_GIVEN = object()
@@ -39,7 +39,7 @@ def var_mean(input: torch.Tensor, dim=None, unbiased=_NOT_GIVEN, keepdim: bool =
         correction = None
     else:
         correction = _number("var_mean", correction, "correction")
-    dim = _dims("var_mean", dim)
+    input, dim = _input("var_mean", input), _dims("var_mean", dim)
     dims = [dim] if isinstance(dim, int) else dim
     return torch.ops.reduce.var_mean.default(input, dims, correction=correction, keepdim=keepdim)
 
@@ -66,7 +66,8 @@ def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     bias may be float32 beside a float16/bfloat16 input (mixed precision): the output keeps the input's dtype,
     their gradients are float32."""
     name = "layer_norm"
-    shape, eps = _normalized_shape(name, normalized_shape), _number(name, eps, "eps", "float", optional=False)
+    input, shape = _input(name, input), _normalized_shape(name, normalized_shape)
+    eps = _number(name, eps, "eps", "float", optional=False)
     weight, bias = _tensor(name, weight, "weight"), _tensor(name, bias, "bias")
     return torch.ops.reduce.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]
 
@@ -90,19 +91,38 @@ def rms_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], w
     is the machine epsilon of float32 (float64 for a float64 input), as torch's. weight may be float32 beside a
     float16/bfloat16 input (mixed precision): the output keeps the input's dtype, weight's gradient is float32;
     any other floating weight dtype is taken as torch takes it (_rms_weight)."""
-    shape, eps = _normalized_shape("rms_norm", normalized_shape), _number("rms_norm", eps, "eps", "float")
+    input, shape = _input("rms_norm", input), _normalized_shape("rms_norm", normalized_shape)
+    eps = _number("rms_norm", eps, "eps", "float")
     weight = _tensor("rms_norm", weight, "weight")
     return torch.ops.reduce.rms_norm_fwd.default(input, shape, _rms_weight(input, weight), eps)[0]
+
+
+def _summands(name: str, input: torch.Tensor, residual) -> tuple[torch.Tensor, torch.Tensor]:
+    """input and residual as torch's ``input + residual`` takes them: broadcast to one shape (expanded views) and
+    promoted to one dtype, since the fused kernels read one of each. A dtype that differs costs a cast first (one
+    more pass over that input): e.g. a 16-bit projection's output beside a float32 residual stream under autocast,
+    whose sum torch also computes in float32, so the bits are the same."""
+    input, residual = _input(name, input), _tensor(name, residual, "residual", optional=False)
+    if input.is_nested or residual.is_nested:
+        return input, residual  # a jagged pair must share its structure (torch_reduce/nested.py checks it)
+    if input.dtype != residual.dtype:  # before broadcasting: a 0-dim residual does not promote a dimensioned input
+        dtype = torch.result_type(input, residual)
+        input, residual = input.to(dtype), residual.to(dtype)
+    if input.shape != residual.shape:
+        shape = torch.broadcast_shapes(input.shape, residual.shape)
+        input, residual = input.expand(shape), residual.expand(shape)
+    return input, residual
 
 
 def add_layer_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
                    weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                    eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.layer_norm(input + residual, ...), input + residual) in one pass: each input read once, both results
-    written once; the backward is fused too. input and residual have one shape and dtype (no broadcasting)."""
+    written once; the backward is fused too. input and residual broadcast and promote as in torch's
+    ``input + residual`` (_summands)."""
     name = "add_layer_norm"
     shape, eps = _normalized_shape(name, normalized_shape), _number(name, eps, "eps", "float", optional=False)
-    residual = _tensor(name, residual, "residual", optional=False)
+    input, residual = _summands(name, input, residual)
     weight, bias = _tensor(name, weight, "weight"), _tensor(name, bias, "bias")
     out, total, _, _ = torch.ops.reduce.add_layer_norm_fwd.default(input, residual, shape, weight, bias, eps)
     return out, total
@@ -114,7 +134,8 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
     """(F.rms_norm(input + residual, ...), input + residual) in one pass, as add_layer_norm."""
     name = "add_rms_norm"
     shape, eps = _normalized_shape(name, normalized_shape), _number(name, eps, "eps", "float")
-    residual, weight = _tensor(name, residual, "residual", optional=False), _tensor(name, weight, "weight")
+    input, residual = _summands(name, input, residual)
+    weight = _tensor(name, weight, "weight")
     out, total, _ = torch.ops.reduce.add_rms_norm_fwd.default(input, residual, shape, _rms_weight(input, weight), eps)
     return out, total
 

@@ -22,15 +22,19 @@ _Tensors = Union[torch.Tensor, Iterable[torch.Tensor]]
 
 
 def foreach_norm(tensors: Iterable[torch.Tensor], ord: float = 2, dtype: Optional[torch.dtype] = None
-                 ) -> list[torch.Tensor]:
+                 ) -> tuple[torch.Tensor, ...]:
     """torch._foreach_norm: each tensor's vector norm of order ``ord`` (0, 1, 2, inf, -inf or any float), a 0-dim
-    tensor in ``dtype`` (a floating dtype the tensor's reaches without narrowing), else in the tensor's dtype.
-    Differentiable (torch's gradients). An empty list raises, as torch's does."""
+    tensor in ``dtype`` (a floating dtype the tensor's reaches without narrowing), else in the tensor's dtype; a
+    tuple, as torch's. Differentiable (torch's gradients). An empty list raises, as torch's does."""
+    if isinstance(tensors, torch.Tensor):  # iterating it would take its rows for the list
+        raise TypeError("_foreach_norm(): argument 'self' (position 1) must be tuple of Tensors, not Tensor")
     tensors = list(tensors)
     if len(tensors) == 0:  # the op cannot dispatch without a tensor
         raise RuntimeError("Tensor list must have at least one tensor.")
     ord, dtype = _number("_foreach_norm", ord, "ord", optional=False), _dtype("_foreach_norm", dtype)
-    return torch.ops.reduce.foreach_norm(tensors, float(ord), dtype)
+    if isinstance(ord, bool):  # a Scalar, but torch's kernels take only an int or a float order
+        raise RuntimeError("_foreach_norm expects ord to be an integer or a float, got a bool")
+    return tuple(torch.ops.reduce.foreach_norm(tensors, float(ord), dtype))
 
 
 def _check_foreach(tensors: list[torch.Tensor], foreach: Optional[bool]) -> None:
@@ -69,6 +73,10 @@ def clip_grads_with_norm_(parameters: _Tensors, max_norm: float, total_norm: tor
     place, the coefficient computed on the device."""
     if not isinstance(total_norm, torch.Tensor):  # torch's clamp of it raises a TypeError too
         raise TypeError(f"clip_grads_with_norm_(): total_norm must be a Tensor, not {type(total_norm).__name__}")
+    if total_norm.is_complex():
+        raise NotImplementedError("clamp is not supported for complex types")  # torch's clamp of the coefficient
+    if not total_norm.is_floating_point():  # torch's total_norm + 1e-6: the default dtype
+        total_norm = total_norm.to(torch.get_default_dtype())
     parameters = [parameters] if isinstance(parameters, torch.Tensor) else parameters
     grads = [p.grad for p in parameters if p.grad is not None]
     if len(grads) == 0:

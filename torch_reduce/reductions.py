@@ -121,6 +121,14 @@ def _dims(name: str, dim, argument: str = "dim"):
     return indices
 
 
+def _input(name: str, value, argument: str = "input"):
+    """The tensor an op reduces, with torch's TypeError for anything that is neither a tensor nor tensor-like (a
+    __torch_function__ type, which the op's call hands to it); the op's schema would raise a RuntimeError."""
+    if not torch.overrides.is_tensor_like(value):
+        raise TypeError(f"{name}(): argument '{argument}' (position 1) must be Tensor, not {type(value).__name__}")
+    return value
+
+
 def _bool(name: str, value, argument: str = "keepdim") -> bool:
     """A bool argument (keepdim, unbiased) as torch's argument parser takes it: a Python bool alone (0, 1, None and
     numpy's bool raise its TypeError, where the op's schema would read them as bools)."""
@@ -147,15 +155,15 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
                 if out is not None and name != "mean":  # torch.mean's first overload takes out=, sum's and prod's not
                     raise TypeError(f"{name}(): out= needs dim (None: every dim), as torch.{name}'s does")
                 dim = None
-            dim, keepdim = _dims(name, dim), False if keepdim is _NO_KEEPDIM else _bool(name, keepdim)
-            dtype = _dtype(name, dtype)
+            input, dim = _input(name, input), _dims(name, dim)
+            keepdim, dtype = False if keepdim is _NO_KEEPDIM else _bool(name, keepdim), _dtype(name, dtype)
             if out is None:
                 return op(input, dim, keepdim, dtype=dtype)
             return _write_out(name, input, out, lambda d: op(input, dim, keepdim, dtype=d), dtype)
     elif row.signature == "Dims":
         def reduction(input: torch.Tensor, dim: Dims = (), keepdim: bool = False, *,
                       out: Optional[torch.Tensor] = None) -> torch.Tensor:
-            dim, keepdim = _dims(name, dim), _bool(name, keepdim)
+            input, dim, keepdim = _input(name, input), _dims(name, dim), _bool(name, keepdim)
             dim = () if dim is None else dim  # torch.amax(x, dim=None) reduces every dim, as dim=()
             if out is None:
                 return op(input, dim, keepdim)
@@ -163,7 +171,8 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     else:
         def reduction(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool = False, *,
                       dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-            dim, ord, keepdim = _dims(name, dim), _number(name, ord, "ord"), _bool(name, keepdim)
+            x, dim, ord = _input(name, x, "x"), _dims(name, dim), _number(name, ord, "ord")
+            keepdim = _bool(name, keepdim)
             dtype = _dtype(name, dtype)
             if out is None:
                 return op(x, ord, dim, keepdim, dtype=dtype)

@@ -1,7 +1,9 @@
 // The dim reductions (dim_reduce.h's table) on the CPU: the reference path. Plain loops over the normal form
-// in the accumulate type, outputs in parallel; a whole-tensor reduction uses the CPU model of the GPU's
-// single-pass kernel (cpu/model.h), whose tree keeps the rounding error at O(log n), unless its order does not
-// matter.
+// in the accumulate type, outputs in parallel, in runs of 64 terms in sequence a value (8 lanes of a 512-element
+// row run; 64 rows of a slab) whose results fold pairwise (lanes.h: PairwiseFold), so a float sum's rounding
+// error grows with log2 of the reduced length, as torch's cascade sum's, not with the length; a whole-tensor
+// reduction uses the CPU model of the GPU's single-pass kernel (cpu/model.h), whose tree does the same, unless its
+// order does not matter.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -21,6 +23,11 @@ constexpr int64_t kModelBlock = 256;
 
 // Elements a task folds at least when one fold is split over threads.
 constexpr int64_t kChunk = 1 << 16;
+
+// Terms a value takes in sequence before its run's result joins the pairwise tree: a row's run (in kLanes lanes)
+// and a slab's rows a run.
+constexpr int64_t kRunTerms = 64;
+constexpr int64_t kRowRun = kRunTerms * kLanes;
 
 // x[0, n), loaded, in lanes.
 template <typename acc_t, typename scalar_t, typename Ops>
@@ -73,11 +80,27 @@ void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor
       }
       // One (b) slab at a time: a row (N = 1) in lanes, but for a product (the order decides where its partial
       // products over- or underflow, and the serial one is the reference's); else the N running values of a slab
-      // walk its K rows in order, vectorized across n.
+      // walk its K rows in order, vectorized across n. A fold whose order matters takes its terms in runs, their
+      // results folded pairwise; a product's run is the whole slab.
+      constexpr bool kInRuns = !OrderFree<Ops>::value;
+      constexpr bool kProduct = std::is_same_v<Ops, ProdOp<acc_t>>;
       parallel_for_best_vectors(0, p.outer, 1, [&](int64_t begin, int64_t end) {
-        if (N == 1 && !std::is_same_v<Ops, ProdOp<acc_t>>) {
+        if (N == 1 && !kProduct) {
+          PairwiseFold<acc_t, Ops> tree(1, ops);
           for (int64_t b = begin; b < end; ++b) {
-            result[b] = static_cast<out_t>(project_result(ops, fold_run<acc_t>(in + b * K, K, ops)));
+            const scalar_t* row = in + b * K;
+            acc_t acc;
+            if (!kInRuns || K <= kRowRun) {
+              acc = fold_run<acc_t>(row, K, ops);
+            } else {
+              tree.reset();
+              for (int64_t k = 0; k < K; k += kRowRun) {
+                *tree.run() = fold_run<acc_t>(row + k, std::min(kRowRun, K - k), ops);
+                tree.push();
+              }
+              acc = *tree.finish();
+            }
+            result[b] = static_cast<out_t>(project_result(ops, acc));
           }
           return;
         }
@@ -107,12 +130,21 @@ void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor
           }
           return;
         }
-        std::vector<acc_t> acc(N);
+        const int64_t run_rows = kInRuns && !kProduct ? kRunTerms : std::max<int64_t>(K, 1);
+        PairwiseFold<acc_t, Ops> tree(N, ops);
         for (int64_t b = begin; b < end; ++b) {
-          std::fill(acc.begin(), acc.end(), Ops::identity());
           const scalar_t* slab = in + b * K * N;
-          for (int64_t k = 0; k < K; ++k)
-            for (int64_t n = 0; n < N; ++n) acc[n] = ops(acc[n], load_element<acc_t>(ops, slab[k * N + n]));
+          tree.reset();
+          for (int64_t k0 = 0; k0 < K; k0 += run_rows) {
+            acc_t* __restrict acc = tree.run();
+            std::fill(acc, acc + N, Ops::identity());
+            const scalar_t* __restrict rows = slab + k0 * N;
+            const int64_t run_end = std::min(K - k0, run_rows) * N;
+            for (int64_t k = 0; k < run_end; k += N)
+              for (int64_t n = 0; n < N; ++n) acc[n] = ops(acc[n], load_element<acc_t>(ops, rows[k + n]));
+            tree.push();
+          }
+          const acc_t* acc = tree.finish();
           for (int64_t n = 0; n < N; ++n) result[b * N + n] = static_cast<out_t>(project_result(ops, acc[n]));
         }
       });

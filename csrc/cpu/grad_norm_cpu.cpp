@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "common/dispatch.h"
 #include "grad_norm.h"
@@ -15,6 +16,29 @@ namespace {
 constexpr int64_t kChunk = 1 << 15;  // elements per task
 
 int64_t chunks_of(const at::Tensor& t) { return (t.numel() + kChunk - 1) / kChunk; }
+
+// Whether the CUDA kernels fold this list in float64 (cuda/grad_norm.cu: a float64 tensor or dtype= in it); else
+// they fold in float32, as torch folds a float32 or 16-bit tensor.
+bool folds_wide(const std::vector<at::Tensor>& tensors, std::optional<at::ScalarType> dtype) {
+  const auto is_double = [](const at::Tensor& t) { return t.scalar_type() == at::kDouble; };
+  return dtype == at::kDouble || std::any_of(tensors.begin(), tensors.end(), is_double);
+}
+
+// An accumulator as a float32 fold ends: inf beyond float32's range (then the norm is inf, or 0 for an order below
+// 0). The folds here run in double, but a list the GPU folds in float32 gets the GPU's and torch's norm where that
+// sum overflows (a float32 gradient of 1e20s: inf, so clipping zeroes it, as torch's), not a finite one.
+double in_fold_range(double accumulator, bool wide) {
+  const bool beyond = !wide && accumulator > std::numeric_limits<float>::max();
+  return beyond ? std::numeric_limits<double>::infinity() : accumulator;
+}
+
+// A norm as a 0-dim tensor of `options`, rounded as a cast rounds (at::scalar_tensor refuses a double beyond
+// float32's range, where a cast, and a float32 kernel, give inf).
+at::Tensor scalar_norm(double norm, const at::TensorOptions& options) {
+  if (options.dtype() == at::kFloat && std::isfinite(norm) && std::fabs(norm) > std::numeric_limits<float>::max())
+    return at::scalar_tensor(norm, options.dtype(at::kDouble)).to(at::kFloat);
+  return at::scalar_tensor(norm, options);
+}
 
 // Each tensor's accumulator (unprojected) under `ops`, folded in order from its chunks.
 template <typename Ops>
@@ -63,11 +87,12 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
   const std::vector<at::Tensor> dense = dense_list(real.tensors, op);
   std::vector<at::Tensor> norms;
   norms.reserve(tensors.size());
+  const bool wide = folds_wide(dense, real.dtype);
   with_norm_ops<double>(ord, [&](auto ops) {
     const std::vector<double> accumulators = tensor_accumulators(dense, ops);
     for (size_t i = 0; i < dense.size(); ++i) {
-      const double norm = project_result(ops, accumulators[i]);
-      norms.push_back(at::scalar_tensor(norm, dense[i].options().dtype(real.dtype.value_or(dense[i].scalar_type()))));
+      const double norm = project_result(ops, in_fold_range(accumulators[i], wide));
+      norms.push_back(scalar_norm(norm, dense[i].options().dtype(real.dtype.value_or(dense[i].scalar_type()))));
     }
   });
   return norms;
@@ -77,13 +102,14 @@ at::Tensor total_norm(at::TensorList tensors, double ord) {
   const char* op = "reduce::total_norm";
   check_norm_list(tensors, ord, std::nullopt);
   const std::vector<at::Tensor> dense = dense_list(real_operands(tensors, ord, std::nullopt).tensors, op);
+  const bool wide = folds_wide(dense, std::nullopt);
   double total = 0;
   with_norm_ops<double>(ord, [&](auto ops) {
     double acc = decltype(ops)::identity();
-    for (double a : tensor_accumulators(dense, ops)) acc = ops(acc, tensor_contribution(ops, a));
-    total = project_result(ops, acc);
+    for (double a : tensor_accumulators(dense, ops)) acc = ops(acc, tensor_contribution(ops, in_fold_range(a, wide)));
+    total = project_result(ops, in_fold_range(acc, wide));
   });
-  return at::scalar_tensor(total, tensors[0].options().dtype(total_norm_dtype(tensors)));
+  return scalar_norm(total, tensors[0].options().dtype(total_norm_dtype(tensors)));
 }
 
 void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {

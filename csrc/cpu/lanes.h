@@ -3,9 +3,11 @@
 // pairwise at the end. The lanes' combines overlap (a sum's vectorize), where a single running value waits on
 // every combine (a float add's latency an element), and a float sum's error grows with n / kLanes + log2(kLanes),
 // not n.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "common/reduce_ops.h"
 
@@ -28,6 +30,53 @@ acc_t lane_fold(int64_t n, const Ops& ops, Term term) {
   }
   return acc[0];
 }
+
+// A pairwise tree over partial folds as they come, `width` independent ones at a time (a slab's columns, or one
+// row): push() folds the new partials with the pushed ones of equal rank, as a binary counter carries, and finish()
+// folds the ranks that remain, the newest first: a fixed order. A float sum of m partials so rounds about log2(m)
+// times along any path, where a running value rounds m times (float32 rows of 8e6 tenths, summed in 8 lanes:
+// 9.6e-3 off; in runs of 512 under this tree: 6.4e-7; torch's cascade sum: 5.6e-7).
+template <typename acc_t, typename Ops>
+class PairwiseFold {
+ public:
+  PairwiseFold(int64_t width, const Ops& ops) : width_(width), ops_(ops), run_(width) {}
+  void reset() { count_ = 0; }
+  // The next partials, filled in by the caller before push().
+  acc_t* run() { return run_.data(); }
+  void push() {
+    int64_t rank = 0;
+    for (; (count_ >> rank) & 1; ++rank) fold_into(run_.data(), rank);
+    if (static_cast<int64_t>(ranks_.size()) < (rank + 1) * width_) ranks_.resize((rank + 1) * width_);
+    std::copy(run_.begin(), run_.end(), ranks_.begin() + rank * width_);
+    ++count_;
+  }
+  // Every pushed partial folded, in run() (the identity where none was pushed).
+  acc_t* finish() {
+    std::fill(run_.begin(), run_.end(), Ops::identity());
+    bool first = true;
+    for (int64_t rank = 0; (count_ >> rank) != 0; ++rank) {
+      if (((count_ >> rank) & 1) == 0) continue;
+      if (first) {
+        std::copy_n(ranks_.begin() + rank * width_, width_, run_.begin());
+      } else {
+        fold_into(run_.data(), rank);
+      }
+      first = false;
+    }
+    return run_.data();
+  }
+
+ private:
+  // acc = ops(rank's partials, acc): the older partials on the left.
+  void fold_into(acc_t* acc, int64_t rank) const {
+    const acc_t* older = ranks_.data() + rank * width_;
+    for (int64_t n = 0; n < width_; ++n) acc[n] = ops_(older[n], acc[n]);
+  }
+  int64_t width_;
+  Ops ops_;
+  std::vector<acc_t> run_, ranks_;
+  uint64_t count_ = 0;
+};
 
 // max and min (amax, amin, the inf norms) in float32, folded as integers: key(x) orders every float that is not
 // NaN as below() does (-0 below +0), and its bitwise complement reverses that order, so a max or a min is an

@@ -28,8 +28,9 @@ double lane_sum(int64_t n, Term term) {
 // The statistics of x[0, n). Elements of up to 32 bits: one pass over d = x - x0 (x0: the first element, 0 if
 // it is not finite), summing d and d^2 in double: a float's 24 bits squared fit double's 53, and the
 // cancellation in m2 = sum(d^2) - sum(d) * (mean - x0) costs at most n units of 2^-53 relative to m2 (x0 is an
-// element, so (mean - x0)^2 <= n var); a constant row gives exactly 0. float64: two passes, the mean, then the
-// squared deviations from it.
+// element, so (mean - x0)^2 <= n var); a constant row gives exactly 0. float64: two passes, the mean (as x0 plus
+// the mean of x - x0: a row of 1e308s has its mean, where a plain sum overflows to inf), then the squared
+// deviations from it.
 template <typename scalar_t>
 Welford<double> run_stats(const scalar_t* x, int64_t n) {
   if constexpr (sizeof(scalar_t) <= 4) {
@@ -61,8 +62,9 @@ Welford<double> run_stats(const scalar_t* x, int64_t n) {
     if (m2 < 0) m2 = 0;
     return Welford<double>(x0 + shift, m2, static_cast<double>(n));
   }
-  const double sum = lane_sum(n, [&](int64_t j) { return static_cast<double>(x[j]); });
-  const double mean = n > 0 ? sum / n : 0.0;
+  const double first = n > 0 ? static_cast<double>(x[0]) : 0.0, x0 = std::isfinite(first) ? first : 0.0;
+  const double shifted = lane_sum(n, [&](int64_t j) { return static_cast<double>(x[j]) - x0; });
+  const double mean = n > 0 ? x0 + shifted / n : 0.0;
   const double m2 = lane_sum(n, [&](int64_t j) {
     const double d = static_cast<double>(x[j]) - mean;
     return d * d;
