@@ -75,6 +75,19 @@ def test_module_runs_as_a_program():
     assert done.returncode == 2 and "invalid choice: 'sum_nope'" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_without_numpy_banks_run_and_analyze_names_the_extra():
+    """numpy comes with the analysis extra: without it, banks and --help still run, and analyze says what to install
+    (it was an import traceback for every command)."""
+    blocked = ("import sys; sys.modules['numpy'] = None; from torch_reduce.__main__ import main; "
+               "sys.exit(main(sys.argv[1:]))")
+    run = [sys.executable, "-c", blocked]
+    done = subprocess.run(run + ["banks", "--stride", "3"], capture_output=True, text=True)
+    assert done.returncode == 0 and "colliding lanes none" in done.stdout, done.stderr
+    assert subprocess.run(run + ["--help"], capture_output=True, text=True).returncode == 0
+    done = subprocess.run(run + ["analyze", "sum_seq", "--block-size", "64"], capture_output=True, text=True)
+    assert done.returncode == 2 and "torch_reduce[analysis]" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_bench_without_a_gpu_runs_the_cpu_part_of_named_sections(monkeypatch, capsys, tmp_path):
     import torch
 

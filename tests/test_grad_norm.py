@@ -571,6 +571,20 @@ def test_clip_grads_with_an_integer_or_complex_total_like_torch():
             clip([ours], 1.0, torch.tensor(5 + 1j))
 
 
+@pytest.mark.parametrize("max_norm", ["a", None, [1.0]], ids=str)
+@pytest.mark.parametrize("with_grads", [True, False])
+def test_a_max_norm_that_is_no_number_raises_like_torch(max_norm, with_grads):
+    """torch converts max_norm whether or not any parameter has a gradient (ours returned a total unchecked)."""
+    for clip_norm, clip_with in ((torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grads_with_norm_),
+                                 (torch_reduce.clip_grad_norm_, torch_reduce.clip_grads_with_norm_)):
+        p = torch.nn.Parameter(torch.randn(3))
+        p.grad = torch.randn(3) if with_grads else None
+        for call in (lambda: clip_norm([p], max_norm), lambda: clip_with([p], max_norm, torch.tensor(2.0))):
+            with pytest.raises((TypeError, ValueError)) as error:
+                call()
+            assert "float" in str(error.value)
+
+
 def test_foreach_true_on_an_unsupported_device_raises_like_torch():
     params = [torch.nn.Parameter(torch.randn(3, device="meta"))]
     params[0].grad = torch.randn(3, device="meta")

@@ -79,10 +79,11 @@ def clip_grads_with_norm_(parameters: _Tensors, max_norm: float, total_norm: tor
         total_norm = total_norm.to(torch.get_default_dtype())
     parameters = [parameters] if isinstance(parameters, torch.Tensor) else parameters
     grads = [p.grad for p in parameters if p.grad is not None]
+    max_norm = float(max_norm)  # torch's error for a max_norm that is not a number, gradients or none
     if len(grads) == 0:
         return
     _check_foreach(grads, foreach)
-    torch.ops.reduce.clip_grads_(grads, total_norm, float(max_norm))
+    torch.ops.reduce.clip_grads_(grads, total_norm, max_norm)
 
 
 def clip_grad_norm_(parameters: _Tensors, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
@@ -102,8 +103,9 @@ def clip_grad_norm_(parameters: _Tensors, max_norm: float, norm_type: float = 2.
         grads = [g for g in grads if g is not None]
         if error_if_nonfinite or len(grads) == 0:
             total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+            max_norm = float(max_norm)  # after the norm's errors, as torch's
             if grads:
-                torch.ops.reduce.clip_grads_(grads, total_norm, float(max_norm))
+                torch.ops.reduce.clip_grads_(grads, total_norm, max_norm)
             return total_norm
         _check_foreach(grads, foreach)
         return torch.ops.reduce.clip_grad_norm_(grads, float(max_norm), float(norm_type))
