@@ -275,6 +275,24 @@ def check_errors(ctx):
         reduce_dist.var_mean(x.int(), 0)
 
 
+@case("distributed: ranks whose calls disagree raise on every rank")
+def check_disagreeing_ranks(ctx):
+    """Shards that differ after dim 0 or in dtype, or other dims reduced, with as many partial bytes on every rank
+    (so the all_gather itself succeeds): each rank raises, where it read the other's partials in its own layout
+    (garbage, in a shape of its own)."""
+    shapes = {0: (3, 2, 3), 1: (2, 3, 2)}
+    x = torch.randn(shapes[ctx.rank], device=ctx.device)
+    calls = [lambda: reduce_dist.sum(x, 0), lambda: reduce_dist.var_mean(x, 0), lambda: reduce_dist.sum(x),
+             lambda: reduce_dist.sum(torch.ones(4, 2, device=ctx.device,
+                                                dtype=(torch.float64, torch.int64)[ctx.rank]), 0),
+             lambda: reduce_dist.sum(torch.ones(4, 1, device=ctx.device), (0, 1) if ctx.rank else (0,), True)]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="another rank's call differs"):
+            call()
+    y = torch.randn(ctx.rank + 2, 2, 3, device=ctx.device)  # rows differ, the rest agrees: no error
+    assert reduce_dist.sum(y, 0).shape == (2, 3)
+
+
 # -------------------------------------------------------------------------------------------- DTensor ----
 
 # vector_norm by its order: "vector_norm" is ord 2 (a gather and fold), the others each a Partial.

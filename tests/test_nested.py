@@ -315,6 +315,9 @@ def test_errors():
         torch_reduce.sum(x, 0)
     with pytest.raises(RuntimeError, match="normalized over dims after its ragged dim"):
         torch_reduce.rms_norm(x.transpose(1, 2), [3, 4])
+    for norm in (torch_reduce.layer_norm, torch_reduce.rms_norm):  # the ragged size itself in normalized_shape
+        with pytest.raises(ValueError, match="normalization over the ragged dim is not supported"):
+            norm(x, [x.shape[1], *x.shape[2:]])
     with pytest.raises(RuntimeError, match="residual must be a jagged tensor with the input's structure"):
         torch_reduce.add_layer_norm(x, other, [4])
     with pytest.raises(RuntimeError, match="residual must be a jagged tensor .* got a dense one"):

@@ -17,6 +17,7 @@ import importlib.util
 import math
 import sys
 import warnings
+import zlib
 from numbers import Number
 from typing import Optional, Sequence, Union
 
@@ -39,7 +40,8 @@ def sum(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,  # noqa
     source = input if dtype is None else input.to(dtype)  # torch.sum casts before it sums
     with torch.no_grad():
         partial = reductions.sum(source, dims, True, dtype=_partial_dtype(out_dtype))
-        partials = _all_gather(partial.contiguous(), group)
+        header = _call_header("sum", input, dims, out_dtype)
+        (partials,) = _all_gather_parts([partial], group, header)
         total = partials[0]
         for rank_partial in partials[1:]:  # rank order: the same bits on every rank
             total = total + rank_partial
@@ -53,7 +55,8 @@ def var_mean(input: torch.Tensor, dim: Dims = None, *, correction: Optional[Numb
     The variance divides by max(0, N - correction), N the global count (inf or NaN where that is 0)."""
     dims = _cross_rank_dims(input, dim, "var_mean")
     with torch.no_grad():
-        count, mean, m2 = _fold_moments(*_all_gather_moments(*_local_moments(input, dims), group))
+        header = _call_header("var_mean", input, dims)
+        count, mean, m2 = _fold_moments(*_all_gather_moments(*_local_moments(input, dims), group, header))
         var = _variance(count, m2, correction)
     var, mean = var.to(input.dtype.to_real()), mean.to(input.dtype)  # a complex input's variance is real
     return (var, mean) if keepdim else (var.squeeze(dims), mean.squeeze(dims))
@@ -118,22 +121,49 @@ def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, 
     return torch.full((1,), count, dtype=torch.int64, device=input.device), mean, var * count
 
 
+def _call_header(op: str, input: torch.Tensor, dims: list[int], *arguments) -> tuple[torch.Tensor, str]:
+    """What every rank's call must agree on for its partials to be read in this rank's layout, as int64s: the
+    input's dim count first (a header of another length then differs in its first element), a checksum of the op,
+    the input's dtype, the reduced dims and ``arguments``, then the input's dims after dim 0; and this rank's call
+    in words, for the error."""
+    checksum = zlib.crc32(repr((op, str(input.dtype), dims, *map(str, arguments))).encode())
+    header = torch.tensor([input.dim(), checksum, *input.shape[1:]], dtype=torch.int64, device=input.device)
+    return header, f"torch_reduce.distributed.{op} of a {input.dim()}-dim {input.dtype} input over dims {dims}"
+
+
+def _all_gather_parts(parts: list[torch.Tensor], group: Optional[dist.ProcessGroup],
+                      header: Optional[tuple[torch.Tensor, str]] = None) -> list[torch.Tensor]:
+    """Every rank's ``parts``, each stacked (world size, *its shape) in rank order, from one all_gather of their
+    bytes: an int64 count stays exact beside float moments, a complex tensor travels as its real pairs. A
+    ``header`` (_call_header) goes first: where a rank's is not this rank's (shards that differ after dim 0 or in
+    dtype, or other dims reduced), this raises, through a device-side assert on a GPU, rather than read that
+    rank's partials in this rank's layout. The first rank that differs is found at its own offset, since the ranks
+    before it sent as many bytes as this one."""
+    real = [torch.view_as_real(p.resolve_conj()) if p.is_complex() else p for p in parts]
+    header, call = (torch.empty(0, dtype=torch.int64, device=parts[0].device), "") if header is None else header
+    payload = torch.cat([header.view(torch.uint8)] + [r.contiguous().reshape(-1).view(torch.uint8) for r in real])
+    gathered = _all_gather(payload, group)  # (world, bytes)
+    world, offset = gathered.shape[0], header.numel() * 8
+    if header.numel():
+        agree = (gathered[:, :offset].contiguous().view(torch.int64) == header).all()
+        torch._assert_async(agree, f"{call}: another rank's call differs: every rank's input needs the same "
+                            "dims after dim 0 and the same dtype, and the same dims reduced")
+    stacked = []
+    for part, r in zip(parts, real):
+        size = r.numel() * r.element_size()
+        # contiguous: view(dtype) and view_as_complex want a fresh, aligned tensor
+        chunk = gathered[:, offset:offset + size].contiguous().view(r.dtype).reshape(world, *r.shape)
+        stacked.append(torch.view_as_complex(chunk) if part.is_complex() else chunk)
+        offset += size
+    return stacked
+
+
 def _all_gather_moments(count: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor,
-                        group: Optional[dist.ProcessGroup]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every rank's (count, mean, M2), stacked in rank order, from one all_gather: the three travel as one
-    byte buffer, so the int64 count stays exact beside float32 moments (a complex mean as its real pairs)."""
-    means = torch.view_as_real(mean) if mean.is_complex() else mean
-    stats = torch.cat([means.reshape(-1), m2.reshape(-1)])
-    payload = torch.cat([count.view(torch.uint8), stats.view(torch.uint8)])
-    gathered = _all_gather(payload, group)
-    world = gathered.shape[0]
-    counts = gathered[:, :8].contiguous().view(torch.int64)  # (world, 1)
-    stats = gathered[:, 8:].contiguous().view(m2.dtype)      # (world, means.numel() + m2.numel())
-    gathered_means, m2s = stats.split(means.numel(), dim=1)
-    gathered_means = gathered_means.contiguous().reshape(world, *means.shape)  # view_as_complex wants even strides
-    if mean.is_complex():
-        gathered_means = torch.view_as_complex(gathered_means)
-    return counts, gathered_means, m2s.reshape(world, *mean.shape)
+                        group: Optional[dist.ProcessGroup], header: Optional[tuple[torch.Tensor, str]] = None,
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every rank's (count, mean, M2), stacked in rank order, from one all_gather (_all_gather_parts)."""
+    counts, means, m2s = _all_gather_parts([count, mean, m2], group, header)
+    return counts, means, m2s
 
 
 def _fold_moments(counts: torch.Tensor, means: torch.Tensor,

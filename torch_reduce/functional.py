@@ -49,6 +49,9 @@ def _normalized_shape(name: str, normalized_shape) -> list[int]:
     what is not a shape (None; a bool, which the op's schema would read as 1)."""
     if normalized_shape is None:
         raise TypeError(f"{name}(): argument 'normalized_shape' must be tuple of ints, not NoneType")
+    dims = normalized_shape if isinstance(normalized_shape, (list, tuple)) else (normalized_shape,)
+    if any(isinstance(d, torch.SymInt) and d.node.is_nested_int() for d in dims):  # a jagged tensor's ragged size
+        raise ValueError(f"{name}(): normalization over the ragged dim is not supported for nested tensors")
     shape = _dims(name, normalized_shape, "normalized_shape")
     return [shape] if isinstance(shape, int) else shape
 
