@@ -293,6 +293,27 @@ def check_disagreeing_ranks(ctx):
     assert reduce_dist.sum(y, 0).shape == (2, 3)
 
 
+@case("distributed: a group of one rank, and torch.compile")
+def check_one_rank_and_compile(ctx):
+    """A group of one rank (its gathered row is a view, not a copy, so every part must start aligned for its dtype:
+    a complex var_mean of 3 columns failed there), and both ops traced whole by torch.compile, with the eager bits."""
+    singles = [dist.new_group([r]) for r in range(WORLD)]  # every rank makes every group
+    for shape in ((5, 3), (4, 1), (3,)):
+        for dtype in (torch.float32, torch.float64, torch.complex64, torch.bfloat16):
+            x = torch.randn(shape, device=ctx.device).to(dtype)
+            wide = x.to(torch.complex128 if dtype.is_complex else torch.float64)
+            assert_close(reduce_dist.sum(x, 0, group=singles[ctx.rank]), wide.sum(0), (1e-2, 1e-5), what="sum")
+            var, mean = reduce_dist.var_mean(x, 0, group=singles[ctx.rank])
+            ref_var, ref_mean = torch.var_mean(wide, 0)
+            assert_close(var, ref_var, (1e-2, 1e-5), what="var")
+            assert_close(mean, ref_mean, (1e-2, 1e-5), what="mean")
+    x = ctx.own_shard(SHARD_ROWS["unequal"], torch.float32)
+    for op in (reduce_dist.sum, reduce_dist.var_mean):
+        compiled = torch.compile(op, fullgraph=True, backend="aot_eager")
+        for a, b in zip(_tensors(op(x, (0, 2))), _tensors(compiled(x, (0, 2)))):
+            assert torch.equal(_bits(a), _bits(b)), f"{op.__name__}: compiled and eager differ"
+
+
 # -------------------------------------------------------------------------------------------- DTensor ----
 
 # vector_norm by its order: "vector_norm" is ord 2 (a gather and fold), the others each a Partial.

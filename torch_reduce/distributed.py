@@ -12,12 +12,12 @@ as soon as torch.distributed.tensor is imported (torch_reduce/dtensor.py says wh
 """
 from __future__ import annotations
 
+import builtins
 import importlib.abc
 import importlib.util
 import math
 import sys
 import warnings
-import zlib
 from numbers import Number
 from typing import Optional, Sequence, Union
 
@@ -30,6 +30,8 @@ __all__ = ["sum", "var_mean"]
 
 Dims = Union[int, Sequence[int], None]
 _HALF_FLOATS = (torch.float16, torch.bfloat16)
+# dtype.to_real(), as torch.compile traces it.
+_REAL_DTYPES = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 
 def sum(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,  # noqa: A001  (torch's name)
@@ -58,7 +60,7 @@ def var_mean(input: torch.Tensor, dim: Dims = None, *, correction: Optional[Numb
         header = _call_header("var_mean", input, dims)
         count, mean, m2 = _fold_moments(*_all_gather_moments(*_local_moments(input, dims), group, header))
         var = _variance(count, m2, correction)
-    var, mean = var.to(input.dtype.to_real()), mean.to(input.dtype)  # a complex input's variance is real
+    var, mean = var.to(_REAL_DTYPES.get(input.dtype, input.dtype)), mean.to(input.dtype)  # a complex's var is real
     return (var, mean) if keepdim else (var.squeeze(dims), mean.squeeze(dims))
 
 
@@ -114,20 +116,28 @@ def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, 
     source = {torch.complex32: torch.complex64}.get(input.dtype, torch.float32 if input.dtype in _HALF_FLOATS else
                                                     input.dtype)
     source = input.to(source)
-    count = math.prod(input.shape[d] for d in dims)
+    count = math.prod([input.shape[d] for d in dims])  # a list: torch.compile does not trace a generator here
     # An empty shard's moments are NaN, and the fold skips it; correction -1 spares it var_mean's warning that no
     # degrees of freedom are left.
     var, mean = functional.var_mean(source, dims, correction=0 if count else -1, keepdim=True)
     return torch.full((1,), count, dtype=torch.int64, device=input.device), mean, var * count
 
 
-def _call_header(op: str, input: torch.Tensor, dims: list[int], *arguments) -> tuple[torch.Tensor, str]:
+# Every dtype torch has, numbered the same in every process of one torch (aliases share a number).
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(
+    getattr(torch, name) for name in sorted(dir(torch)) if isinstance(getattr(torch, name), torch.dtype))}
+_OP_CODES = {"sum": 0, "var_mean": 1}
+
+
+def _call_header(op: str, input: torch.Tensor, dims: list[int],
+                 out_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, str]:
     """What every rank's call must agree on for its partials to be read in this rank's layout, as int64s: the
-    input's dim count first (a header of another length then differs in its first element), a checksum of the op,
-    the input's dtype, the reduced dims and ``arguments``, then the input's dims after dim 0; and this rank's call
-    in words, for the error."""
-    checksum = zlib.crc32(repr((op, str(input.dtype), dims, *map(str, arguments))).encode())
-    header = torch.tensor([input.dim(), checksum, *input.shape[1:]], dtype=torch.int64, device=input.device)
+    input's dim count first (a header of another length then differs in its first element), the op, the input's
+    and the result's dtypes, the input's dims after dim 0, and whether each dim is reduced; and this rank's call in
+    words, for the error. Plain numbers, so torch.compile traces it."""
+    codes = [input.dim(), _OP_CODES[op], _DTYPE_CODES[input.dtype], _DTYPE_CODES.get(out_dtype, -1)]
+    reduced = [int(d in dims) for d in range(input.dim())]
+    header = torch.tensor([*codes, *input.shape[1:], *reduced], dtype=torch.int64, device=input.device)
     return header, f"torch_reduce.distributed.{op} of a {input.dim()}-dim {input.dtype} input over dims {dims}"
 
 
@@ -141,7 +151,11 @@ def _all_gather_parts(parts: list[torch.Tensor], group: Optional[dist.ProcessGro
     before it sent as many bytes as this one."""
     real = [torch.view_as_real(p.resolve_conj()) if p.is_complex() else p for p in parts]
     header, call = (torch.empty(0, dtype=torch.int64, device=parts[0].device), "") if header is None else header
-    payload = torch.cat([header.view(torch.uint8)] + [r.contiguous().reshape(-1).view(torch.uint8) for r in real])
+    payload = [header.view(torch.uint8)] + [r.contiguous().reshape(-1).view(torch.uint8) for r in real]
+    # Each rank's bytes a multiple of 8, so that every part (of elements of up to 8 bytes, an int64 count first)
+    # starts aligned for its dtype's view, in the gathered rows of any world size (one row: a view, not a copy).
+    padding = -builtins.sum(p.numel() for p in payload) % 8
+    payload = torch.cat(payload + [torch.zeros(padding, dtype=torch.uint8, device=header.device)])
     gathered = _all_gather(payload, group)  # (world, bytes)
     world, offset = gathered.shape[0], header.numel() * 8
     if header.numel():
