@@ -175,6 +175,15 @@ bool read_float(PyObject* obj, double& value) {
   return true;
 }
 
+// A tuple, or a subclass that iterates as one (torch.Size): its items are what the wrapper's iteration reads. A
+// subclass with an __iter__ of its own takes the wrapper.
+bool iterates_as_tuple(PyObject* obj) {
+  if (PyTuple_CheckExact(obj)) return true;
+  if (!PyTuple_Check(obj)) return false;
+  static void* const tuple_iter = PyType_GetSlot(&PyTuple_Type, Py_tp_iter);
+  return PyType_GetSlot(Py_TYPE(obj), Py_tp_iter) == tuple_iter;
+}
+
 // An int, or a tuple (torch.Size too) or list of ints, into values; false for anything else.
 bool read_ints(PyObject* obj, c10::SmallVector<int64_t, 8>& values) {
   int64_t v = 0;
@@ -182,7 +191,7 @@ bool read_ints(PyObject* obj, c10::SmallVector<int64_t, 8>& values) {
     values.push_back(v);
     return true;
   }
-  const bool tuple = PyTuple_Check(obj);
+  const bool tuple = iterates_as_tuple(obj);
   if (!tuple && !PyList_CheckExact(obj)) return false;
   const Py_ssize_t n = tuple ? PyTuple_Size(obj) : PyList_Size(obj);
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -235,6 +244,8 @@ struct DimReductionSpec {
     if (keepdim != nullptr && keepdim != Py_True && keepdim != Py_False) return false;
     // sum/mean/prod(x, keepdim=...) without dim: the wrapper raises torch's TypeError.
     if (std::is_same_v<Signature, DimsDtype> && dim == nullptr && keepdim != nullptr) return false;
+    // amax/amin take no dtype=, not even None: the wrapper's TypeError.
+    if (std::is_same_v<Signature, Dims> && slots[kGiven] != nullptr) return false;
     a.keepdim = keepdim == Py_True;
     return true;
   }
@@ -278,7 +289,9 @@ struct NormSpec {
     if (kAdd) {
       if (slots[1] == nullptr || !is_plain_tensor(slots[1])) return false;
       a.residual = &tensor_of(slots[1]);
-      // Another dtype or shape: the wrapper broadcasts and promotes them, as torch's input + residual.
+      // Nested (sizes() would throw outside the op's try), or another dtype or shape: the wrapper's (it
+      // broadcasts and promotes them, as torch's input + residual).
+      if (a.input->is_nested() || a.residual->is_nested()) return false;
       if (a.residual->scalar_type() != a.input->scalar_type() || !a.residual->sizes().equals(a.input->sizes()))
         return false;
     }

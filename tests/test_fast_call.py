@@ -108,6 +108,16 @@ def wrapper_calls_of(x, out):
     yield "var_mean", (x, 1), {"unbiased": False, "keepdim": True}
     yield "var_mean", (x, 1), {"unbiased": True, "correction": 0}  # both: the wrapper's TypeError
     yield "var_mean", (x, 1), {"correction": True}
+    yield "amax", (x, 1), {"dtype": None}                # amax has no dtype=: the wrapper's TypeError
+    yield "sum", (x, OtherDims((0, 1))), {}              # a tuple subclass, read as it iterates
+    strided_nested = torch.nested.nested_tensor([torch.randn(2, 5), torch.randn(3, 5)], device=x.device)
+    yield "add_layer_norm", (strided_nested, strided_nested, (5,)), {}  # nested: sizes() throws (was an abort)
+    yield "add_rms_norm", (x[0], strided_nested, (5,)), {}
+
+
+class OtherDims(tuple):
+    def __iter__(self):
+        return iter((2,))
 
 
 class Logged(torch.Tensor):
