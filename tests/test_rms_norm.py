@@ -121,14 +121,19 @@ def test_fused_add_broadcasts_and_promotes_as_torchs_add(x_shape, x_dtype, r_sha
     y, total = ours_op(x, r, (40,), w)
     want = torch_norm(want_total, (40,), w)
     assert torch.equal(total, want_total) and y.dtype == want.dtype and y.shape == want.shape
-    tol = dict(rtol=2e-2, atol=2e-2) if want.dtype.itemsize == 2 else dict(rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(y, want, **tol)
+    def tol(dtype):
+        # A 16-bit sum rounds its elements and their gradients either way, and a broadcast operand's gradient adds
+        # up to 120 of those (in whatever dtype it has): a few 16-bit ulps of the terms, absolute.
+        sixteen = want_total.dtype.itemsize == 2 or dtype.itemsize == 2
+        return dict(rtol=2e-2, atol=5e-2) if sixteen else dict(rtol=1e-4, atol=1e-4)
+
+    torch.testing.assert_close(y, want, **tol(want.dtype))
     dy, dtotal = torch.randn_like(y), torch.randn_like(total)
     got = torch.autograd.grad((y, total), (x, r, w), (dy, dtotal))
     wanted = torch.autograd.grad((want, want_total), (x, r, w), (dy, dtotal))
     for g, h in zip(got, wanted):
         assert g.dtype == h.dtype and g.shape == h.shape
-        torch.testing.assert_close(g, h, **tol)
+        torch.testing.assert_close(g, h, **tol(g.dtype))
 
 
 @pytest.mark.parametrize("name", list(FUSED_ADDS))
@@ -148,8 +153,11 @@ def test_fused_add_under_autocast_with_a_float32_residual_stream(name):
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
     params = (proj.weight, residual, weight)
     got = torch.autograd.grad((y * y).sum() + total.sum(), params, retain_graph=True)
-    for g, h in zip(got, torch.autograd.grad((want * want).sum() + want_total.sum(), params)):
-        torch.testing.assert_close(g, h, rtol=1e-2, atol=1e-3)  # the projection's gradient: a bfloat16 matmul
+    # The projection's gradient comes through a bfloat16 matmul of a bfloat16 output gradient, which a last-bit
+    # difference upstream can round the other way: compared as a whole, as the model tests compare.
+    for g, h, what in zip(got, torch.autograd.grad((want * want).sum() + want_total.sum(), params),
+                          ("projection", "residual", "weight")):
+        assert_close_normwise(g, h, 1e-2, what)
 
 
 def test_fused_add_refuses_what_torchs_add_refuses():

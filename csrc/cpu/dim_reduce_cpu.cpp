@@ -24,10 +24,6 @@ constexpr int64_t kModelBlock = 256;
 // Elements a task folds at least when one fold is split over threads.
 constexpr int64_t kChunk = 1 << 16;
 
-// Terms a value takes in sequence before its run's result joins the pairwise tree: a row's run (in kLanes lanes)
-// and a slab's rows a run.
-constexpr int64_t kRunTerms = 64;
-constexpr int64_t kRowRun = kRunTerms * kLanes;
 
 // x[0, n), loaded, in lanes.
 template <typename acc_t, typename scalar_t, typename Ops>
@@ -86,19 +82,13 @@ void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor
       constexpr bool kProduct = std::is_same_v<Ops, ProdOp<acc_t>>;
       parallel_for_best_vectors(0, p.outer, 1, [&](int64_t begin, int64_t end) {
         if (N == 1 && !kProduct) {
-          PairwiseFold<acc_t, Ops> tree(1, ops);
           for (int64_t b = begin; b < end; ++b) {
             const scalar_t* row = in + b * K;
             acc_t acc;
-            if (!kInRuns || K <= kRowRun) {
-              acc = fold_run<acc_t>(row, K, ops);
+            if constexpr (kInRuns) {
+              acc = pairwise_lane_fold<acc_t>(K, ops, [&](int64_t j) { return load_element<acc_t>(ops, row[j]); });
             } else {
-              tree.reset();
-              for (int64_t k = 0; k < K; k += kRowRun) {
-                *tree.run() = fold_run<acc_t>(row + k, std::min(kRowRun, K - k), ops);
-                tree.push();
-              }
-              acc = *tree.finish();
+              acc = fold_run<acc_t>(row, K, ops);
             }
             result[b] = static_cast<out_t>(project_result(ops, acc));
           }
@@ -131,7 +121,7 @@ void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor
           return;
         }
         const int64_t run_rows = kInRuns && !kProduct ? kRunTerms : std::max<int64_t>(K, 1);
-        PairwiseFold<acc_t, Ops> tree(N, ops);
+        PairwiseFold<acc_t, Ops> tree(ops, N);
         for (int64_t b = begin; b < end; ++b) {
           const scalar_t* slab = in + b * K * N;
           tree.reset();

@@ -4,6 +4,7 @@
 // every combine (a float add's latency an element), and a float sum's error grows with n / kLanes + log2(kLanes),
 // not n.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -36,23 +37,32 @@ acc_t lane_fold(int64_t n, const Ops& ops, Term term) {
 // folds the ranks that remain, the newest first: a fixed order. A float sum of m partials so rounds about log2(m)
 // times along any path, where a running value rounds m times (float32 rows of 8e6 tenths, summed in 8 lanes:
 // 9.6e-3 off; in runs of 512 under this tree: 6.4e-7; torch's cascade sum: 5.6e-7).
-template <typename acc_t, typename Ops>
+template <typename acc_t, typename Ops, bool kOneWide = false>
 class PairwiseFold {
+  // One row's tree (kOneWide) lives in the object: no heap allocation a row. A slab's columns, in vectors.
+  using Run = std::conditional_t<kOneWide, std::array<acc_t, 1>, std::vector<acc_t>>;
+  using Ranks = std::conditional_t<kOneWide, std::array<acc_t, 64>, std::vector<acc_t>>;
+
  public:
-  PairwiseFold(int64_t width, const Ops& ops) : width_(width), ops_(ops), run_(width) {}
+  explicit PairwiseFold(const Ops& ops, int64_t width = 1) : width_(width), ops_(ops) {
+    if constexpr (!kOneWide) run_.resize(static_cast<size_t>(width));
+  }
   void reset() { count_ = 0; }
   // The next partials, filled in by the caller before push().
   acc_t* run() { return run_.data(); }
   void push() {
     int64_t rank = 0;
     for (; (count_ >> rank) & 1; ++rank) fold_into(run_.data(), rank);
-    if (static_cast<int64_t>(ranks_.size()) < (rank + 1) * width_) ranks_.resize((rank + 1) * width_);
-    std::copy(run_.begin(), run_.end(), ranks_.begin() + rank * width_);
+    if constexpr (!kOneWide) {
+      const int64_t needed = (rank + 1) * width_;
+      if (static_cast<int64_t>(ranks_.size()) < needed) ranks_.resize(static_cast<size_t>(needed));
+    }
+    std::copy_n(run_.begin(), width_, ranks_.begin() + rank * width_);
     ++count_;
   }
   // Every pushed partial folded, in run() (the identity where none was pushed).
   acc_t* finish() {
-    std::fill(run_.begin(), run_.end(), Ops::identity());
+    std::fill_n(run_.begin(), width_, Ops::identity());
     bool first = true;
     for (int64_t rank = 0; (count_ >> rank) != 0; ++rank) {
       if (((count_ >> rank) & 1) == 0) continue;
@@ -74,9 +84,28 @@ class PairwiseFold {
   }
   int64_t width_;
   Ops ops_;
-  std::vector<acc_t> run_, ranks_;
+  Run run_{};
+  Ranks ranks_{};
   uint64_t count_ = 0;
 };
+
+// Terms a value takes in sequence before its run's result joins a PairwiseFold: a lane of a row's run, or a
+// column of a slab's run of rows.
+constexpr int64_t kRunTerms = 64;
+
+// ops over term(j) for j in [0, n), as lane_fold, in runs of kRunTerms terms a lane folded pairwise: a float sum's
+// rounding grows with log2(n), not n / kLanes.
+template <typename acc_t, typename Ops, typename Term>
+acc_t pairwise_lane_fold(int64_t n, const Ops& ops, Term term) {
+  constexpr int64_t kRun = kRunTerms * kLanes;
+  if (n <= kRun) return lane_fold<acc_t>(n, ops, term);
+  PairwiseFold<acc_t, Ops, true> tree(ops);
+  for (int64_t first = 0; first < n; first += kRun) {
+    *tree.run() = lane_fold<acc_t>(std::min(kRun, n - first), ops, [&](int64_t j) { return term(first + j); });
+    tree.push();
+  }
+  return *tree.finish();
+}
 
 // max and min (amax, amin, the inf norms) in float32, folded as integers: key(x) orders every float that is not
 // NaN as below() does (-0 below +0), and its bitwise complement reverses that order, so a max or a min is an

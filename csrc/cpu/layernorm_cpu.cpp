@@ -19,10 +19,11 @@ constexpr int64_t kChunk = 1 << 15;  // elements per task when one long row is s
 // runs on the calling thread instead of waking the pool for microseconds of work.
 int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(cols, 1)); }
 
-// A row's sums in lanes (cpu/lanes.h): a chain of 1024 dependent adds took most of a small LayerNorm's time.
+// A row's sums in lanes (cpu/lanes.h): a chain of 1024 dependent adds took most of a small LayerNorm's time; a long
+// row's in runs folded pairwise (a float64 mean of rows of 5e6 normals was 6e-11 off in 8 lanes, torch's 9e-14).
 template <typename Term>
 double lane_sum(int64_t n, Term term) {
-  return lane_fold<double>(n, SumOp<double>(), term);
+  return pairwise_lane_fold<double>(n, SumOp<double>(), term);
 }
 
 // The statistics of x[0, n). Elements of up to 32 bits: one pass over d = x - x0 (x0: the first element, 0 if
