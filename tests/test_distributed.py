@@ -279,7 +279,10 @@ def check_errors(ctx):
 def check_disagreeing_ranks(ctx):
     """Shards that differ after dim 0 or in dtype, or other dims reduced, with as many partial bytes on every rank
     (so the all_gather itself succeeds): each rank raises, where it read the other's partials in its own layout
-    (garbage, in a shape of its own)."""
+    (garbage, in a shape of its own). On CUDA the check is a device-side assert, which no process survives, so
+    this runs with gloo only (the header and its comparison are the same code on both)."""
+    if ctx.device.type == "cuda":
+        return
     shapes = {0: (3, 2, 3), 1: (2, 3, 2)}
     x = torch.randn(shapes[ctx.rank], device=ctx.device)
     calls = [lambda: reduce_dist.sum(x, 0), lambda: reduce_dist.var_mean(x, 0), lambda: reduce_dist.sum(x),
