@@ -60,10 +60,15 @@ class PairwiseFold {
     std::copy_n(run_.begin(), width_, ranks_.begin() + rank * width_);
     ++count_;
   }
-  // Every pushed partial folded, in run() (the identity where none was pushed).
-  acc_t* finish() {
-    std::fill_n(run_.begin(), width_, Ops::identity());
-    bool first = true;
+  // Every pushed partial folded, in run() (the identity where none was pushed). With `newer`: those partials
+  // folded onto it, as if it were the ranks below the lowest pushed one (a tree of the runs that came after).
+  acc_t* finish(const acc_t* newer = nullptr) {
+    bool first = newer == nullptr;
+    if (first) {
+      std::fill_n(run_.begin(), width_, Ops::identity());
+    } else {
+      std::copy_n(newer, width_, run_.begin());
+    }
     for (int64_t rank = 0; (count_ >> rank) != 0; ++rank) {
       if (((count_ >> rank) & 1) == 0) continue;
       if (first) {
