@@ -150,6 +150,64 @@ void fold_slabs(const scalar_t* in, int64_t outer, int64_t K, int64_t N, const O
   });
 }
 
+// Max and min in float32 over the N > 1 columns of `outer` slabs of K rows, as keys (lanes.h), so the walk across
+// n vectorizes; a column with a NaN gives its first. A slab of many rows is split over the threads in tasks of
+// about kChunk elements, their keys folded (in any order: an integer max) and their NaNs taken in row order.
+template <typename out_t, typename scalar_t, typename Ops>
+void extreme_slabs(const scalar_t* in, int64_t outer, int64_t K, int64_t N, const Ops& ops, out_t* result) {
+  using Keys = ExtremeKeys<Ops>;
+  const int64_t task_rows = std::max<int64_t>(kChunk / N, 1);
+  const int64_t tasks = std::max<int64_t>((K + task_rows - 1) / task_rows, 1);
+  const size_t size = static_cast<size_t>(outer * tasks * N);
+  // A task's keys of its rows and, a column's NaN aside, 0; else the first NaN it saw, as in nan_seen.
+  std::vector<int32_t> keys(size);
+  std::vector<float> first_nan(size);
+  std::vector<uint8_t> nan_seen(size);
+  parallel_for_best_vectors(0, outer * tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> nan(static_cast<size_t>(N));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t k0 = (t % tasks) * task_rows, k_end = std::min(K, k0 + task_rows);
+      const scalar_t* rows = in + (t / tasks) * K * N;
+      int32_t* key = keys.data() + t * N;
+      std::fill_n(key, N, Keys::key(Ops::identity()));
+      std::fill(nan.begin(), nan.end(), 0);
+      for (int64_t k = k0; k < k_end; ++k) {
+        for (int64_t n = 0; n < N; ++n) {
+          const float v = load_element<float>(ops, rows[k * N + n]);
+          key[n] = Keys::larger(Keys::key(v), key[n]);
+          nan[n] |= v != v;
+        }
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        nan_seen[t * N + n] = nan[n] != 0;
+        for (int64_t k = k0; nan[n] != 0; ++k) {
+          const float v = load_element<float>(ops, rows[k * N + n]);
+          if (v != v) {
+            first_nan[t * N + n] = v;
+            break;
+          }
+        }
+      }
+    }
+  });
+  parallel_for_best_vectors(0, outer, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t n = 0; n < N; ++n) {
+        int32_t key = Keys::key(Ops::identity());
+        for (int64_t t = b * tasks; t < (b + 1) * tasks; ++t) key = Keys::larger(keys[t * N + n], key);
+        float v = Keys::value(key);
+        for (int64_t t = b * tasks; t < (b + 1) * tasks; ++t) {
+          if (nan_seen[t * N + n]) {
+            v = first_nan[t * N + n];
+            break;
+          }
+        }
+        result[b * N + n] = static_cast<out_t>(project_result(ops, v));
+      }
+    }
+  });
+}
+
 void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor& out) {
   TORCH_REDUCE_DISPATCH_DIM(p.input.scalar_type(), "torch_reduce dim reduction", [&] {
     with_stage_ops<scalar_t>(kind, [&](auto ops, auto out_type, auto) {
@@ -164,58 +222,30 @@ void launch_cpu(const ReduceKind& kind, const ReduceProblem& p, const at::Tensor
         return;
       }
       constexpr bool kProduct = std::is_same_v<Ops, ProdOp<acc_t>>;
-      if constexpr (!kKeyedExtreme<acc_t, Ops>) {
-        if (N > 1) return fold_slabs<acc_t, out_t>(in, p.outer, K, N, ops, result);
+      if (N > 1) {
+        if constexpr (kKeyedExtreme<acc_t, Ops>) {
+          return extreme_slabs<out_t>(in, p.outer, K, N, ops, result);
+        } else {
+          return fold_slabs<acc_t, out_t>(in, p.outer, K, N, ops, result);
+        }
       }
-      // One (b) slab at a time: a row (N = 1) in lanes, but for a product (the order decides where its partial
-      // products over- or underflow, and the serial one is the reference's); max and min in float32 over the rows
-      // of a slab as keys. A fold whose order matters takes its terms in runs, their results folded pairwise.
+      // Rows (N = 1) in lanes, but for a product (the order decides where its partial products over- or underflow,
+      // and the serial one is the reference's). A fold whose order matters takes its terms in runs, their results
+      // folded pairwise.
       constexpr bool kInRuns = !OrderFree<Ops>::value;
       parallel_for_best_vectors(0, p.outer, 1, [&](int64_t begin, int64_t end) {
-        if (N == 1 && !kProduct) {
-          for (int64_t b = begin; b < end; ++b) {
-            const scalar_t* row = in + b * K;
-            acc_t acc;
-            if constexpr (kInRuns) {
-              acc = pairwise_lane_fold<acc_t>(K, ops, [&](int64_t j) { return load_element<acc_t>(ops, row[j]); });
-            } else {
-              acc = fold_run<acc_t>(row, K, ops);
-            }
-            result[b] = static_cast<out_t>(project_result(ops, acc));
+        for (int64_t b = begin; b < end; ++b) {
+          const scalar_t* row = in + b * K;
+          const auto term = [&](int64_t j) { return load_element<acc_t>(ops, row[j]); };
+          acc_t acc = Ops::identity();
+          if constexpr (kProduct) {
+            for (int64_t k = 0; k < K; ++k) acc = ops(acc, term(k));
+          } else if constexpr (kInRuns) {
+            acc = pairwise_lane_fold<acc_t>(K, ops, term);
+          } else {
+            acc = fold_run<acc_t>(row, K, ops);
           }
-          return;
-        }
-        if constexpr (kKeyedExtreme<acc_t, Ops>) {
-          // Max and min as keys, so the walk across n vectorizes (lanes.h); a column with a NaN gives its first.
-          using Keys = ExtremeKeys<Ops>;
-          std::vector<int32_t> keys(N), nan(N);
-          for (int64_t b = begin; b < end; ++b) {
-            std::fill(keys.begin(), keys.end(), Keys::key(Ops::identity()));
-            std::fill(nan.begin(), nan.end(), 0);
-            const scalar_t* slab = in + b * K * N;
-            for (int64_t k = 0; k < K; ++k) {
-              for (int64_t n = 0; n < N; ++n) {
-                const float v = load_element<acc_t>(ops, slab[k * N + n]);
-                keys[n] = Keys::larger(Keys::key(v), keys[n]);
-                nan[n] |= v != v;
-              }
-            }
-            for (int64_t n = 0; n < N; ++n) {
-              acc_t v = Keys::value(keys[n]);
-              for (int64_t k = 0; nan[n] != 0; ++k) {  // the column's first NaN
-                v = load_element<acc_t>(ops, slab[k * N + n]);
-                if (v != v) break;
-              }
-              result[b * N + n] = static_cast<out_t>(project_result(ops, v));
-            }
-          }
-        } else {
-          // A float product of one row: the serial fold.
-          for (int64_t b = begin; b < end; ++b) {
-            acc_t acc = Ops::identity();
-            for (int64_t k = 0; k < K; ++k) acc = ops(acc, load_element<acc_t>(ops, in[b * K + k]));
-            result[b] = static_cast<out_t>(project_result(ops, acc));
-          }
+          result[b] = static_cast<out_t>(project_result(ops, acc));
         }
       });
     });
