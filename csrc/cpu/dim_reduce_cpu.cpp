@@ -1,9 +1,9 @@
 // The dim reductions (dim_reduce.h's table) on the CPU: the reference path. Plain loops over the normal form
 // in the accumulate type, in parallel, in runs of 64 terms in sequence a value (8 lanes of a 512-element row run;
-// a column, or a column's share of a slab's rows: fold_slabs) whose results fold pairwise (lanes.h: PairwiseFold), so a float sum's rounding
-// error grows with log2 of the reduced length, as torch's cascade sum's, not with the length; a whole-tensor
-// reduction uses the CPU model of the GPU's single-pass kernel (cpu/model.h), whose tree does the same, unless its
-// order does not matter.
+// a column of a slab, or a share of its rows: fold_slabs) whose results fold pairwise (lanes.h: PairwiseFold), so
+// a float sum's rounding error grows with log2 of the reduced length, as torch's cascade sum's, not with the
+// length; a whole-tensor reduction uses the CPU model of the GPU's single-pass kernel (cpu/model.h), whose tree
+// does the same, unless its order does not matter.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -159,7 +159,7 @@ void extreme_slabs(const scalar_t* in, int64_t outer, int64_t K, int64_t N, cons
   const int64_t task_rows = std::max<int64_t>(kChunk / N, 1);
   const int64_t tasks = std::max<int64_t>((K + task_rows - 1) / task_rows, 1);
   const size_t size = static_cast<size_t>(outer * tasks * N);
-  // A task's keys of its rows and, a column's NaN aside, 0; else the first NaN it saw, as in nan_seen.
+  // Each task's key of a column over its rows, whether the column had a NaN there, and the first such NaN.
   std::vector<int32_t> keys(size);
   std::vector<float> first_nan(size);
   std::vector<uint8_t> nan_seen(size);
