@@ -138,11 +138,13 @@ def test_vector_norm_dtype_argument(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_vector_norm_empty_with_identity(device):
     """Orders with an identity: an empty norm is 0 (the orders without one raise: the contract suite's
-    error_inputs)."""
+    error_inputs). Order NaN too: torch gives 0, where the power's formula gives 0 ** (1 / NaN), NaN."""
     empty = torch.empty(0, 3, device=device)
-    for ord in (0, 1, 2, 0.5):
+    for ord in (0, 1, 2, 0.5, 3, math.nan):
         for dims in (None, 0, 1):
             torch.testing.assert_close(vector_norm(empty, ord, dims), torch.linalg.vector_norm(empty, ord, dims))
+        foreach = torch._foreach_norm if SELF_CHECK else torch_reduce.foreach_norm
+        torch.testing.assert_close(foreach([empty, empty[:, :0]], ord), torch._foreach_norm([empty, empty[:, :0]], ord))
 
 
 # ----------------------------------------------------------------------------------------------- prod ----

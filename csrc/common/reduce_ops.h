@@ -239,10 +239,11 @@ struct NormHalfOp : SumOp<T> {
 };
 
 template <typename T>
-struct NormPOp : SumOp<T> {  // any other p, negative and between 0 and 1 included
+struct NormPOp : SumOp<T> {  // any other p, negative, between 0 and 1, and NaN included
   T p;
   TR_HOST_DEVICE T transform(T x) const { return std::pow(std::fabs(x), p); }
-  TR_HOST_DEVICE T project(T a) const { return std::pow(a, T(1) / p); }
+  // p NaN: |x|^p is NaN or 1, so only an empty run sums to 0, and torch's empty norm is 0 (pow(0, NaN) is NaN).
+  TR_HOST_DEVICE T project(T a) const { return p != p && a == T(0) ? a : std::pow(a, T(1) / p); }
 };
 
 // Calls f(ops) with the ops object of the vector norm of order `ord` over acc_t: the orders with their own ops
