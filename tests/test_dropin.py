@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import torch_reduce
-from conftest import ALL_DTYPES, DEVICES, random_tensor, requires_cuda
+from conftest import ALL_DTYPES, DEVICES, INT_DTYPES, random_tensor, requires_cuda
 
 OPS = ["sum", "mean", "amax", "amin"]
 # Rounding allowed relative to the sum of |x| over the reduced elements, from the accumulate dtype.
@@ -170,6 +170,23 @@ def test_an_input_that_is_not_a_tensor_raises_torchs_type_error():
                 torch_call(value)
             with pytest.raises(TypeError, match="must be Tensor, not"):
                 ours_call(value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=str)
+def test_integer_extremes_at_the_dtypes_limits(dtype, device):
+    """Integer max and min (the CPU folds them in the input's own type, not the int64 accumulator) reach the dtype's
+    limits and the rows' own positions, over rows of odd lengths around the vector widths and the whole tensor."""
+    low, high = (False, True) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+    for cols in (1, 31, 33, 257, 4099):
+        x = random_tensor((5, cols), dtype, device)
+        x[1, cols // 2] = high
+        x[2, cols - 1] = low
+        x[3].fill_(low)
+        x[4].fill_(high)
+        for name in ("amax", "amin"):
+            for dims in (1, None, 0):
+                check(name, x, dims) if dims is not None else check(name, x)
 
 
 @pytest.mark.parametrize("device", DEVICES)

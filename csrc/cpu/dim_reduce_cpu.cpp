@@ -44,12 +44,24 @@ void fold_block(const scalar_t* __restrict rows, int64_t count, int64_t stride, 
 // blocks (the step is lcm(N, kBlockValues) values).
 int64_t rows_a_step(int64_t N) { return N < kBlockValues ? kBlockValues / std::gcd(N, kBlockValues) : 1; }
 
+// Integer max and min (acc_t widens them, to int64) folded in the input's own type, one running value: a reduction
+// the compiler vectorizes at the input's width (32 int8 an AVX2 vector, where int64 lanes took 4). One thread,
+// amax over rows of (256, 65536): int8 4.7 -> 0.72 ms, int16 4.4 -> 1.4, int32 8.9 -> 3.0 (torch 0.72, 1.4, 2.8).
+template <typename acc_t, typename scalar_t, typename Ops>
+inline constexpr bool kNarrowExtreme =
+    std::is_integral_v<scalar_t> && (std::is_same_v<Ops, MaxOp<acc_t>> || std::is_same_v<Ops, MinOp<acc_t>>);
+
 // x[0, n), loaded, in lanes.
 template <typename acc_t, typename scalar_t, typename Ops>
 acc_t fold_run(const scalar_t* x, int64_t n, const Ops& ops) {
   const auto term = [&](int64_t j) { return load_element<acc_t>(ops, x[j]); };
   if constexpr (kKeyedExtreme<acc_t, Ops>) {
     return keyed_extreme<acc_t, Ops>(n, term);
+  } else if constexpr (kNarrowExtreme<acc_t, scalar_t, Ops>) {
+    using Narrow = std::conditional_t<std::is_same_v<Ops, MaxOp<acc_t>>, MaxOp<scalar_t>, MinOp<scalar_t>>;
+    scalar_t top = Narrow::identity();
+    for (int64_t j = 0; j < n; ++j) top = Narrow()(top, x[j]);
+    return static_cast<acc_t>(top);
   } else {
     return lane_fold<acc_t>(n, ops, term);
   }
