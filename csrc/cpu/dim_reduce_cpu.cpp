@@ -58,9 +58,13 @@ acc_t fold_run(const scalar_t* x, int64_t n, const Ops& ops) {
   if constexpr (kKeyedExtreme<acc_t, Ops>) {
     return keyed_extreme<acc_t, Ops>(n, term);
   } else if constexpr (kNarrowExtreme<acc_t, scalar_t, Ops>) {
-    using Narrow = std::conditional_t<std::is_same_v<Ops, MaxOp<acc_t>>, MaxOp<scalar_t>, MinOp<scalar_t>>;
-    scalar_t top = Narrow::identity();
-    for (int64_t j = 0; j < n; ++j) top = Narrow()(top, x[j]);
+    // bool as its bytes, 0 and 1: a byte max vectorizes, a bool one did not (one thread, (256, 65536) over rows
+    // 13.6 -> 0.7 ms, torch 4.4).
+    using narrow_t = std::conditional_t<std::is_same_v<scalar_t, bool>, uint8_t, scalar_t>;
+    using Narrow = std::conditional_t<std::is_same_v<Ops, MaxOp<acc_t>>, MaxOp<narrow_t>, MinOp<narrow_t>>;
+    const narrow_t* v = reinterpret_cast<const narrow_t*>(x);
+    narrow_t top = Narrow::identity();
+    for (int64_t j = 0; j < n; ++j) top = Narrow()(top, v[j]);
     return static_cast<acc_t>(top);
   } else {
     return lane_fold<acc_t>(n, ops, term);
