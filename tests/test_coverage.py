@@ -31,10 +31,11 @@ def bits(t):
 
 
 # Shapes and dims that reach every kernel path: the whole tensor (long and short), short and long rows,
-# columns (inner extent > 1), a reduced run in the middle, and copies of interleaved reduced dims.
+# columns (inner extent > 1; (70001, 3) split over CPU tasks), a reduced run in the middle, and copies of interleaved
+# reduced dims.
 PATHS = [((1,), None), ((2,), None), ((37,), None), ((4099,), None), ((70001,), None),
-         ((5, 3), 1), ((9, 3001), 1), ((2, 100003), 1), ((3001, 7), 0), ((257, 4), 0), ((3, 200, 5), 1),
-         ((6, 5, 4), (0, 2)), ((33, 65), (0, 1))]
+         ((5, 3), 1), ((9, 3001), 1), ((2, 100003), 1), ((3001, 7), 0), ((70001, 3), 0), ((257, 4), 0),
+         ((3, 200, 5), 1), ((6, 5, 4), (0, 2)), ((33, 65), (0, 1))]
 
 
 def signed_zero_input(shape, name, dtype, device):
@@ -79,7 +80,7 @@ def test_signed_zeros(name, dtype, device):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_nan_and_infinities(name, dtype, device):
     """NaN wins wherever it is in a slice, and ±inf are ordinary extremes, on every path (the CPU folds max and
-    min in float32 as integer keys with a NaN flag beside them): torch's values, some slices with a NaN."""
+    min in float32 and float64 as integer keys with a NaN flag beside them): torch's values, some slices with a NaN."""
     for shape, dim in PATHS:
         x = torch.randn(shape, device=device)
         r = torch.rand(shape, device=device)

@@ -166,40 +166,45 @@ void fold_slabs(const scalar_t* in, int64_t outer, int64_t K, int64_t N, const O
   });
 }
 
-// Max and min in float32 over the N > 1 columns of `outer` slabs of K rows, as keys (lanes.h), so the walk across
-// n vectorizes; a column with a NaN gives its first. A slab of many rows is split over the threads in tasks of
-// about kChunk elements, their keys folded (in any order: an integer max) and their NaNs taken in row order.
+// Max and min in float32 and float64 over the N > 1 columns of `outer` slabs of K rows, as keys (lanes.h), so the
+// walk across n vectorizes; a column with a NaN gives its first. A slab of many rows is split over the threads in
+// tasks of about kChunk elements, their keys folded (in any order: an integer max) and their NaNs taken in row order.
 template <typename out_t, typename scalar_t, typename Ops>
 void extreme_slabs(const scalar_t* in, int64_t outer, int64_t K, int64_t N, const Ops& ops, out_t* result) {
-  using Keys = ExtremeKeys<Ops>;
+  using acc_t = ops_acc_t<Ops>;
+  using Keys = ExtremeKeys<acc_t, Ops>;
+  using key_t = typename Keys::key_t;
   const int64_t task_rows = std::max<int64_t>(kChunk / N, 1);
   const int64_t tasks = std::max<int64_t>((K + task_rows - 1) / task_rows, 1);
   const size_t size = static_cast<size_t>(outer * tasks * N);
   // Each task's key of a column over its rows, whether the column had a NaN there, and the first such NaN.
-  std::vector<int32_t> keys(size);
-  std::vector<float> first_nan(size);
+  std::vector<key_t> keys(size);
+  std::vector<acc_t> first_nan(size);
   std::vector<uint8_t> nan_seen(size);
   parallel_for_best_vectors(0, outer * tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> nan(static_cast<size_t>(N));
+    // N copied: a float64 key's int64 store could write the captured N, as far as the compiler knew, so it reloaded
+    // N every element and left the loop scalar (one thread, amax over dim 0 of (2048, 512) 1.32 ms, torch 0.25).
+    const int64_t columns = N;
+    std::vector<key_t> nan(static_cast<size_t>(columns));  // as wide as the keys, as keyed_extreme's flag
     for (int64_t t = begin; t < end; ++t) {
       const int64_t k0 = (t % tasks) * task_rows, k_end = std::min(K, k0 + task_rows);
-      const scalar_t* rows = in + (t / tasks) * K * N;
-      int32_t* key = keys.data() + t * N;
-      std::fill_n(key, N, Keys::key(Ops::identity()));
+      const scalar_t* rows = in + (t / tasks) * K * columns;
+      key_t* key = keys.data() + t * columns;
+      std::fill_n(key, columns, Keys::key(Ops::identity()));
       std::fill(nan.begin(), nan.end(), 0);
       for (int64_t k = k0; k < k_end; ++k) {
-        for (int64_t n = 0; n < N; ++n) {
-          const float v = load_element<float>(ops, rows[k * N + n]);
+        for (int64_t n = 0; n < columns; ++n) {
+          const acc_t v = load_element<acc_t>(ops, rows[k * columns + n]);
           key[n] = Keys::larger(Keys::key(v), key[n]);
           nan[n] |= v != v;
         }
       }
-      for (int64_t n = 0; n < N; ++n) {
-        nan_seen[t * N + n] = nan[n] != 0;
+      for (int64_t n = 0; n < columns; ++n) {
+        nan_seen[t * columns + n] = nan[n] != 0;
         for (int64_t k = k0; nan[n] != 0; ++k) {
-          const float v = load_element<float>(ops, rows[k * N + n]);
+          const acc_t v = load_element<acc_t>(ops, rows[k * columns + n]);
           if (v != v) {
-            first_nan[t * N + n] = v;
+            first_nan[t * columns + n] = v;
             break;
           }
         }
@@ -209,9 +214,9 @@ void extreme_slabs(const scalar_t* in, int64_t outer, int64_t K, int64_t N, cons
   parallel_for_best_vectors(0, outer, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       for (int64_t n = 0; n < N; ++n) {
-        int32_t key = Keys::key(Ops::identity());
+        key_t key = Keys::key(Ops::identity());
         for (int64_t t = b * tasks; t < (b + 1) * tasks; ++t) key = Keys::larger(keys[t * N + n], key);
-        float v = Keys::value(key);
+        acc_t v = Keys::value(key);
         for (int64_t t = b * tasks; t < (b + 1) * tasks; ++t) {
           if (nan_seen[t * N + n]) {
             v = first_nan[t * N + n];
