@@ -80,6 +80,15 @@ for rows, hidden, dtype in [(600, 18440, torch.float32), (600, 12288, torch.bflo
     w, b = (torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
     torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()
     torch_reduce.rms_norm(z, (hidden,), w).sum().backward()
+# Rows two at a time with the column sums in shared memory, where each SM has 48 rows or more
+# (Tuning::kWideRowPairsMinRowsPerSm): in blocks of 512-768 threads (bfloat16 8192 columns) and in the fixed block of
+# 256 (bfloat16 4096); an odd row count leaves the last pair a row short.
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+for hidden in (8192, 4096):
+    z = torch.randn(48 * sms + 1, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w, b = (torch.randn(hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    torch_reduce.layer_norm(z, (hidden,), w, b).sum().backward()
+    torch_reduce.rms_norm(z, (hidden,), w).sum().backward()
 shifted = torch.randn(7 * 2048 + 1, device="cuda")[1:].view(7, 2048).requires_grad_()
 torch_reduce.layer_norm(shifted, (2048,), torch.ones(2048, device="cuda", requires_grad=True)).sum().backward()
 # The gradient norm: full and partial chunks of every dtype, aligned and misaligned, empty and 0-dim tensors, a
