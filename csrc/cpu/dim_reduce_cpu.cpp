@@ -63,9 +63,18 @@ acc_t fold_run(const scalar_t* x, int64_t n, const Ops& ops) {
     using narrow_t = std::conditional_t<std::is_same_v<scalar_t, bool>, uint8_t, scalar_t>;
     using Narrow = std::conditional_t<std::is_same_v<Ops, MaxOp<acc_t>>, MaxOp<narrow_t>, MinOp<narrow_t>>;
     const narrow_t* v = reinterpret_cast<const narrow_t*>(x);
-    narrow_t top = Narrow::identity();
-    for (int64_t j = 0; j < n; ++j) top = Narrow()(top, v[j]);
-    return static_cast<acc_t>(top);
+    const auto step = [&](narrow_t& top, int64_t j) { top = Narrow()(top, v[j]); };
+    if constexpr (sizeof(narrow_t) == 8) {
+      // AVX2 has no 64-bit max: a compare and a select a vector, each waiting on the last, so two chains (one
+      // thread, amax over rows of (256, 4096) int64 0.215 -> 0.13 ms, torch 0.092). The narrower types' max is one
+      // instruction a vector, and in two chains they ran slower (int32 0.045 -> 0.053, torch 0.046).
+      const auto top = fold_halves(n, Narrow::identity(), step);
+      return static_cast<acc_t>(Narrow()(top[0], top[1]));
+    } else {
+      narrow_t top = Narrow::identity();
+      for (int64_t j = 0; j < n; ++j) step(top, j);
+      return static_cast<acc_t>(top);
+    }
   } else {
     return lane_fold<acc_t>(n, ops, term);
   }

@@ -145,37 +145,45 @@ struct ExtremeKeys {
   static key_t larger(key_t a, key_t b) { return a > b ? a : b; }
 };
 
+// step(state, j) for j in [0, n), over the two halves of the run at once, into two states (returned as {first,
+// second}: the first half's, with the odd last element, and the second's): two dependency chains where one state
+// made each step wait on the last. For folds whose order does not matter (max and min).
+template <typename State, typename Step>
+std::array<State, 2> fold_halves(int64_t n, State init, Step step) {
+  std::array<State, 2> s{init, init};
+  const int64_t half = n / 2;
+  for (int64_t j = 0; j < half; ++j) {
+    step(s[0], j);
+    step(s[1], half + j);
+  }
+  if (n % 2 != 0) step(s[0], n - 1);
+  return s;
+}
+
 // ops over term(j) for j in [0, n), as lane_fold, for ops with kKeyedExtreme: running keys and NaN flags, integer
-// max and or reductions that the compiler vectorizes itself, over the two halves of the run at once: two chains of
-// compare and select, where one made each vector wait on the last (one thread, float64 amax of 2^18: 0.057 -> 0.041
-// ms, torch 0.025; float32 the same 0.021, torch 0.015; keys in lanes of 128 bytes instead ran slower, 2^21 0.46 ->
-// 0.84 ms). A run holding a NaN gives its first NaN.
+// max and or reductions that the compiler vectorizes itself, in fold_halves' two chains (one thread, float64 amax of
+// 2^18: 0.057 -> 0.041 ms with two, torch 0.025; float32 the same 0.021, torch 0.015; keys in lanes of 128 bytes
+// instead ran slower, 2^21 0.46 -> 0.84 ms). A run holding a NaN gives its first NaN.
 template <typename acc_t, typename Ops, typename Term>
 acc_t keyed_extreme(int64_t n, Term term) {
   static_assert(kKeyedExtreme<acc_t, Ops>);
   using Keys = ExtremeKeys<acc_t, Ops>;
-  // The flags as wide as the keys: a vector's NaN mask is or-ed in as it is, not packed.
-  typename Keys::key_t top0 = Keys::key(Ops::identity()), top1 = top0, nan0 = 0, nan1 = 0;
-  const int64_t half = n / 2;
-  for (int64_t j = 0; j < half; ++j) {
-    const acc_t v0 = term(j), v1 = term(half + j);
-    top0 = Keys::larger(Keys::key(v0), top0);
-    top1 = Keys::larger(Keys::key(v1), top1);
-    nan0 |= v0 != v0;
-    nan1 |= v1 != v1;
-  }
-  if (n % 2 != 0) {
-    const acc_t v = term(n - 1);
-    top0 = Keys::larger(Keys::key(v), top0);
-    nan0 |= v != v;
-  }
-  if (nan0 | nan1) {
+  // The flag as wide as the key: a vector's NaN mask is or-ed in as it is, not packed.
+  struct State {
+    typename Keys::key_t top, nan;
+  };
+  const auto s = fold_halves(n, State{Keys::key(Ops::identity()), 0}, [&](State& state, int64_t j) {
+    const acc_t v = term(j);
+    state.top = Keys::larger(Keys::key(v), state.top);
+    state.nan |= v != v;
+  });
+  if (s[0].nan | s[1].nan) {
     for (int64_t i = 0;; ++i) {
       const acc_t v = term(i);
       if (v != v) return v;
     }
   }
-  return Keys::value(Keys::larger(top0, top1));
+  return Keys::value(Keys::larger(s[0].top, s[1].top));
 }
 
 }  // namespace torch_reduce::cpu
