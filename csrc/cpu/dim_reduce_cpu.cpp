@@ -192,7 +192,8 @@ void extreme_slabs(const scalar_t* in, int64_t outer, int64_t K, int64_t N, cons
   std::vector<uint8_t> nan_seen(size);
   parallel_for_best_vectors(0, outer * tasks, 1, [&](int64_t begin, int64_t end) {
     // N copied: a float64 key's int64 store could write the captured N, as far as the compiler knew, so it reloaded
-    // N every element and left the loop scalar (one thread, amax over dim 0 of (2048, 512) 1.32 ms, torch 0.25).
+    // N every element and left the loop scalar (one thread, float64 amax over dim 0 of (2048, 512) 1.32 -> 0.21 ms
+    // with the copy, torch 0.25).
     const int64_t columns = N;
     std::vector<key_t> nan(static_cast<size_t>(columns));  // as wide as the keys, as keyed_extreme's flag
     for (int64_t t = begin; t < end; ++t) {
