@@ -1,6 +1,6 @@
 """``python -m torch_reduce``: the analyzer's commands print what analysis/ computes, and bad input exits cleanly;
 the benchmark's no-GPU paths (``python -m torch_reduce.bench``), the host section's CPU part and the norm sections'
-correctness check."""
+correctness check and streaming reference."""
 import subprocess
 import sys
 
@@ -183,3 +183,45 @@ def test_bench_section_times_each_implementation_before_checking_it(monkeypatch,
     assert section.measure("w", "ours", lambda s: s, lambda: [x], None, True, errors)[1:] == (None, None)
     assert events == [] and "no reference" in errors["ours"]
     section.bar.close()
+
+
+def test_bench_same_bytes_moves_each_modes_bytes_and_reaches_the_tables(monkeypatch, tmp_path):
+    """SAME_BYTES, the norm sections' streaming reference: for every mode of the LayerNorm, RMSNorm and add + norm
+    sections, its kernels read and write exactly the mode's passes x N elements (counted op by op under a dispatch
+    mode, on CPU tensors); a record carries its time and % of the line, which the table and, beside a line target,
+    the summary show."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from torch_reduce.bench import addnorm, layernorm
+    from torch_reduce.bench.context import Context
+
+    class Traffic(TorchDispatchMode):
+        elements = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor) and t.dim()]
+            self.elements += sum(t.numel() for t in tensors)
+            return out
+
+    a, b = torch.randn(3, 5), torch.randn(3, 5)
+    for passes in {*layernorm.MODES.values(), *addnorm.MODES.values()}:
+        with Traffic() as traffic:
+            for kernel in layernorm.SAME_BYTES[passes]:
+                kernel(a, b)
+        assert traffic.elements == passes * a.numel(), passes
+
+    ctx = Context(quick=True, out_dir=tmp_path)
+    monkeypatch.setattr(type(ctx), "pct_of_line", lambda self, gbps: gbps / 10)
+    section = layernorm.Section(ctx, 1)
+    times = {"torch": 0.2, "ours": 0.1, "liger": None}
+    section.add("layer_norm", "bwd", torch.bfloat16, (4096, 4096), 3, times, None, {}, same_bytes_ms=0.08)
+    section.add("layer_norm", "bwd", torch.bfloat16, (1024, 768), 3, times, None, {})
+    section.bar.close()
+    done, small = section.records
+    assert done["same_bytes_pct_of_line"] == pytest.approx(done["ours_pct_of_line"] / 0.8)
+    assert small["same_bytes_ms"] is None and small["same_bytes_pct_of_line"] is None
+    text = "\n".join(layernorm.summary(section.records) + layernorm.table(section.records))
+    assert f"4096x4096 {done['ours_pct_of_line']:.0f}% (same bytes {done['same_bytes_pct_of_line']:.0f}%)" in text
+    assert f"| 0.0800 ({done['same_bytes_pct_of_line']:.0f}%) |" in text and "| – |" in text

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import torch_reduce
 
 from .context import Context
-from .layernorm import DTYPES, EPS, GRAPH_REPLAYS, IMPLS, Section, _name, _parameters, markdown
+from .layernorm import DTYPES, EPS, GRAPH_REPLAYS, IMPLS, SAME_BYTES_NOTE, Section, _name, _parameters, markdown
 from .timing import rotation
 
 SHAPES = [(4096, 1024), (16384, 1024), (65536, 768), (4096, 4096), (16384, 4096), (2048, 8192), (8192, 8192),
@@ -71,6 +71,7 @@ def measure(section: Section, op: str, dtype: torch.dtype, shape: tuple[int, int
 
     inputs = rotation(lambda: AddSample(tensor(True), tensor(True), tensor(), tensor()),
                       2 * rows * hidden * dtype.itemsize)
+    pairs = [(s.x, s.r) for s in inputs]
     for mode, passes in MODES.items():
         graph_ms, errors, reference = dict.fromkeys(IMPLS), {}, None
         for impl, norm in norms.items():
@@ -79,7 +80,8 @@ def measure(section: Section, op: str, dtype: torch.dtype, shape: tuple[int, int
             reference, graph_ms[impl], _ = section.measure(
                 f"{op} {mode} {_name(dtype)} {rows}x{hidden}", impl, _timed_call(mode, norm, params), samples_of,
                 reference, False, errors, stream)
-        section.add(op, mode, dtype, shape, passes, graph_ms, None, errors)
+        same_bytes_ms = section.same_bytes(f"{op} {mode} {_name(dtype)} {rows}x{hidden}", passes, pairs)
+        section.add(op, mode, dtype, shape, passes, graph_ms, None, errors, same_bytes_ms)
     torch.cuda.synchronize()
 
 
@@ -87,7 +89,7 @@ def report(ctx: Context, records: list[dict]) -> str:
     return markdown(ctx, "addnorm", "## Fused residual add + norm (torch's x + r, then the norm, vs torch_reduce)",
                     f"Bytes: fwd 4x, bwd 4x, fwd + bwd 8x N x element size (parameters and their gradients left out). "
                     f"{ctx.line.describe()}. Graph: CUDA-graph replay (GPU time alone), {GRAPH_REPLAYS} replays. "
-                    "\"vs\": their time / ours; ours % line from graph replay.", records)
+                    f"\"vs\": their time / ours; ours % line from graph replay. {SAME_BYTES_NOTE}", records)
 
 
 def run(ctx: Context) -> str:

@@ -19,7 +19,8 @@ Every x and every dy is its own random tensor, rotated past the L2 (timing.rotat
 x alone to span 4x the L2, 2 to 64 of them); one rotation per dtype and shape serves every mode and implementation.
 Clocks: CUDA-graph replay (GPU time alone) for everything; one eager call between CUDA events (host overhead
 included) for var_mean and fwd_bwd. After its timing, each result is checked against torch's: a wrong kernel
-gets an error in its record, not a figure.
+gets an error in its record, not a figure. Beside each norm's mode, torch's elementwise kernels moving the same bytes
+(SAME_BYTES) in graph replay: the rate that size allows a kernel that only streams them.
 Targets (ours, graph replay unless said):
   var_mean  >= 1.5x torch, eager and graph
   fwd       >= 1.3x torch and >= 1.0x liger
@@ -56,6 +57,20 @@ GRID_HIDDEN = (768, 1024, 1600, 2560, 4096, 5120, 8192, 12288, 18432)
 GRID_MAX_NUMEL = 2**29
 QUICK_GRID = [(4096, 1024), (16384, 4096), (2048, 5120), (1024, 18432), (65536, 768)]
 MODES = {"fwd": 2, "bwd": 3, "fwd_bwd": 5}  # mode: bytes counted, in N x element size
+# The same bytes without a reduction: torch's elementwise kernels on two of a sample's (rows, hidden) tensors a and b
+# that read and write `passes` x N elements, in graph replay like the norms. Where the line is a target, a kernel
+# that only streams those bytes shows what that size allows (launch, ramp and tail included): at 2^24 elements a
+# copy ran at 79-89% of the H200's line (benchmarks/results/nvidia-h200/norm_forward_staged.md).
+SAME_BYTES: dict[int, tuple[Callable, ...]] = {
+    2: (lambda a, b: torch.mul(a, 2),),  # reads a, writes one
+    3: (torch.add,),  # reads a and b, writes one
+    4: (lambda a, b: torch._foreach_mul((a, b), 2),),  # one launch: reads a and b, writes two
+}
+SAME_BYTES[5] = SAME_BYTES[2] + SAME_BYTES[3]
+SAME_BYTES[8] = SAME_BYTES[4] * 2
+SAME_BYTES_NOTE = ("\"same bytes\": torch's elementwise kernels reading and writing the mode's bytes on the same "
+                   "inputs, no reduction (x * 2; x + dy; torch._foreach_mul of two tensors; in sequence for the larger "
+                   "modes), graph replay: what streaming those bytes alone reaches at that size.")
 VAR_MEAN_PASSES = 1
 EAGER_MODES = ("fwd_bwd",)
 
@@ -287,15 +302,30 @@ class Section:
             return reference, None, None
         return reference, graph_ms, eager_ms
 
+    def same_bytes(self, where: str, passes: int, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Optional[float]:
+        """Graph-replay ms of SAME_BYTES[passes] over the rotation's (a, b) pairs; None (and a line) if it fails."""
+        kernels = SAME_BYTES[passes]
+
+        def stream_bytes(pair):
+            with torch.no_grad():
+                return [kernel(*pair) for kernel in kernels]
+        try:
+            return time_graph(stream_bytes, pairs, replays=GRAPH_REPLAYS).median_ms
+        except RuntimeError as error:
+            print(f"{self.name} {where} same bytes: {_short(error)}", flush=True)
+            return None
+
     def add(self, op: str, mode: str, dtype: torch.dtype, shape: tuple[int, int], passes: int,
-            graph_ms: dict, eager_ms: Optional[dict], errors: dict) -> None:
+            graph_ms: dict, eager_ms: Optional[dict], errors: dict, same_bytes_ms: Optional[float] = None) -> None:
         rows, hidden = shape
         nbytes = passes * rows * hidden * dtype.itemsize
         eager = eager_ms or {}
+        pct = lambda ms: self.ctx.pct_of_line(gbps(nbytes, ms)) if ms else None  # noqa: E731
         record = {
             "op": op, "mode": mode, "dtype": _name(dtype), "rows": rows, "hidden": hidden,
             "bytes": nbytes, "graph_ms": graph_ms, "eager_ms": eager_ms,
-            "ours_pct_of_line": self.ctx.pct_of_line(gbps(nbytes, graph_ms["ours"])) if graph_ms["ours"] else None,
+            "ours_pct_of_line": pct(graph_ms["ours"]),
+            "same_bytes_ms": same_bytes_ms, "same_bytes_pct_of_line": pct(same_bytes_ms),
             "graph_vs_torch": _ratio(graph_ms["torch"], graph_ms["ours"]),
             "graph_vs_liger": _ratio(graph_ms["liger"], graph_ms["ours"]),
             "eager_vs_torch": _ratio(eager.get("torch"), eager.get("ours")),
@@ -321,6 +351,7 @@ class Section:
         rows, hidden = shape
         params = _parameters(hidden, dtype, param_count)
         inputs = rotated_samples(rows, hidden, dtype)
+        pairs = [(s.x, s.dy) for s in inputs]
         for mode, passes in MODES.items():
             eager = mode in EAGER_MODES
             graph_ms, eager_ms, errors, reference = dict.fromkeys(IMPLS), dict.fromkeys(IMPLS), {}, None
@@ -333,7 +364,8 @@ class Section:
                 reference, graph_ms[impl], eager_ms[impl] = self.measure(
                     f"{op} {mode} {_name(dtype)} {rows}x{hidden}", impl, _timed_call(mode, norm, params), samples_of,
                     reference, eager, errors, stream)
-            self.add(op, mode, dtype, shape, passes, graph_ms, eager_ms if eager else None, errors)
+            same_bytes_ms = self.same_bytes(f"{op} {mode} {_name(dtype)} {rows}x{hidden}", passes, pairs)
+            self.add(op, mode, dtype, shape, passes, graph_ms, eager_ms if eager else None, errors, same_bytes_ms)
         torch.cuda.synchronize()
 
 
@@ -347,6 +379,12 @@ def _ms(times: Optional[dict]) -> str:
     if times is None:
         return ""
     return " / ".join("–" if times[impl] is None else f"{times[impl]:.4f}" for impl in IMPLS)
+
+
+def _same_bytes_note(record: dict, target: Target) -> str:
+    """Beside a % of the line: what the same bytes streamed alone reached (SAME_BYTES)."""
+    pct = record.get("same_bytes_pct_of_line")
+    return f" (same bytes {pct:.0f}%)" if target.unit == "%" and pct is not None else ""
 
 
 def summary(records: list[dict], worst: int = 3) -> list[str]:
@@ -363,7 +401,7 @@ def summary(records: list[dict], worst: int = 3) -> list[str]:
                                 key=lambda r: r["targets"][i]["value"])
                 others = ", ".join(f"{verdicts.count(v)} {v}" for v in ("MISS", "no data") if verdicts.count(v))
                 lowest = ", ".join(f"{r['rows']}x{r['hidden']} {_number(r['targets'][i]['value'], target.unit)}"
-                                   for r in judged[:worst])
+                                   + _same_bytes_note(r, target) for r in judged[:worst])
                 lines.append(f"- {op} {mode} {dtype}, {target.label}: {verdicts.count('PASS')} of "
                              f"{len(group) - verdicts.count('n/a')} shapes pass" + (f" ({others})" if others else "")
                              + (f", {verdicts.count('n/a')} shapes n/a" if "n/a" in verdicts else "")
@@ -371,16 +409,23 @@ def summary(records: list[dict], worst: int = 3) -> list[str]:
     return lines
 
 
+def _same_bytes(record: dict) -> str:
+    ms = record.get("same_bytes_ms")
+    return "–" if ms is None else f"{ms:.4f} ({_number(record['same_bytes_pct_of_line'], '%')})"
+
+
 def table(records: list[dict]) -> list[str]:
-    lines = ["| op | mode | dtype | rows x hidden | graph ms torch / ours / liger | ours % line | graph vs torch | "
-             "graph vs liger | eager ms torch / ours / liger | eager vs torch | eager vs liger | targets | errors |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = ["| op | mode | dtype | rows x hidden | graph ms torch / ours / liger | ours % line"
+             " | same bytes ms (% line) | graph vs torch | graph vs liger | eager ms torch / ours / liger"
+             " | eager vs torch | eager vs liger | targets | errors |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in records:
         targets = "; ".join(f"{t['target']}: {t['verdict']}" for t in r["targets"])
         errors = "; ".join(f"{impl}: {message}" for impl, message in r["errors"].items())
         lines.append(f"| {r['op']} | {r['mode']} | {r['dtype']} | {r['rows']}x{r['hidden']} | {_ms(r['graph_ms'])} | "
-                     f"{_number(r['ours_pct_of_line'], '%')} | {_number(r['graph_vs_torch'], 'x')} | "
-                     f"{_number(r['graph_vs_liger'], 'x')} | {_ms(r['eager_ms'])} | "
+                     f"{_number(r['ours_pct_of_line'], '%')} | {_same_bytes(r)} | "
+                     f"{_number(r['graph_vs_torch'], 'x')} | {_number(r['graph_vs_liger'], 'x')} | "
+                     f"{_ms(r['eager_ms'])} | "
                      f"{_number(r['eager_vs_torch'], 'x') if r['eager_ms'] else ''} | "
                      f"{_number(r['eager_vs_liger'], 'x') if r['eager_ms'] else ''} | {targets} | {errors} |")
     return lines
@@ -497,7 +542,7 @@ def report(ctx: Context, records: list[dict], liger_version: str) -> str:
                     f"their gradients are O(hidden) and left out). {ctx.line.describe()}. Graph: CUDA-graph "
                     f"replay (GPU time alone), {GRAPH_REPLAYS} replays; eager: CUDA events around one call (host "
                     f"overhead included). Liger-Kernel: {liger_version}. \"vs\": their time / ours; ours % line "
-                    "from graph replay.", records)
+                    f"from graph replay. {SAME_BYTES_NOTE}", records)
     return text + plot_heatmaps(ctx, records, "layer_norm", "layernorm",
                                 lambda: _plot_var_mean(records, ctx.out_dir / "layernorm.png"))
 

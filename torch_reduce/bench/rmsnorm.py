@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import torch_reduce
 
 from .context import Context
-from .layernorm import DTYPES, EPS, GRAPH_REPLAYS, Section, _name, grid_shapes, markdown, plot_heatmaps
+from .layernorm import (DTYPES, EPS, GRAPH_REPLAYS, SAME_BYTES_NOTE, Section, _name, grid_shapes, markdown,
+                        plot_heatmaps)
 
 
 def _liger() -> tuple[Optional[Callable], str]:
@@ -42,7 +43,8 @@ def report(ctx: Context, records: list[dict], liger_version: str) -> str:
                     f"Bytes: fwd 2x, bwd 3x, fwd + bwd 5x N x element size (the weight and its gradient are O(hidden) "
                     f"and left out). {ctx.line.describe()}. Graph: CUDA-graph replay (GPU time alone), "
                     f"{GRAPH_REPLAYS} replays; eager: CUDA events around one call (host overhead included). "
-                    f"Liger-Kernel: {liger_version}. \"vs\": their time / ours; ours % line from graph replay.", records)
+                    f"Liger-Kernel: {liger_version}. \"vs\": their time / ours; ours % line from graph replay. "
+                    f"{SAME_BYTES_NOTE}", records)
     return text + plot_heatmaps(ctx, records, "rms_norm", "rmsnorm")
 
 
