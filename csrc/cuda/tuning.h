@@ -199,8 +199,15 @@ struct HopperTuning {
   // splitting rows that the Held kernel holds lost (float32 8192 and 12288 0.76-0.92x).
   static constexpr int kRowSplit = 4;
   static constexpr unsigned kSplitRowBlock = 256;
-  // Column fold: a tile of kFoldTile partial-row slots per block, kFoldLanes lanes striding over the chunks.
-  static constexpr unsigned kFoldTile = 32, kFoldLanes = 32;
+  // Column fold (column_fold_kernel): blocks of kFoldThreads, each a tile of partial-row slots and up to
+  // kFoldMaxLanes lanes striding over the chunks, fewer where the slots take more than one wave of
+  // kFoldWaveThreads an SM (wide rows) or the chunks are fewer. At 32 lanes everywhere a LayerNorm of 12288
+  // columns folded its 24576 slots in 768 blocks of 1024 threads, three waves on 132 SMs (8 lanes: 192). H100, the
+  // backward op alone, graph replay, two processes a build alternating, against 32 lanes: bfloat16 LayerNorm
+  // 1024x12288 43.3 -> 39.3 us, 1024x18432 65.2 -> 60.1, 2048x8192 50.6 -> 48.2, RMSNorm 1024x12288 38.0 -> 35.9,
+  // float32 LayerNorm 1024x12288 70.8 -> 66.8; 36 cases 0.985-1.10x, geomean 1.02
+  // (benchmarks/results/nvidia-h100/layernorm_bwd_fold_lanes.md).
+  static constexpr unsigned kFoldThreads = 1024, kFoldMaxLanes = 32, kFoldWaveThreads = 2048;
 
   // ---- Global gradient norm (grad_norm.cu) ---------------------------------------------------------------
   // The chunk and its loads were measured; the other numbers here are the design's (unmeasured).

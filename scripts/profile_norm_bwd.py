@@ -1,0 +1,66 @@
+"""The norm backward ops' kernels one by one: each case's LayerNorm and RMSNorm backward (and torch's x + dy, the same
+bytes streamed) captured in a CUDA graph over a rotation past the L2, replayed under torch.profiler; prints each
+kernel's median GPU time and the gaps between consecutive kernels (negative: the fold, a programmatic dependent
+launch, started before the row kernel ended).
+
+    python3 scripts/profile_norm_bwd.py bfloat16:4096x4096 bfloat16:1024x18432
+"""
+import collections
+import statistics
+import sys
+
+import torch
+from norm_cases import norm_input, parse
+from torch.profiler import ProfilerActivity, profile
+
+
+def main(cases: list[str]) -> None:
+    for case in cases:
+        dtype, rows, hidden, nbytes = parse(case)
+        w = torch.randn(hidden, device="cuda", dtype=dtype)
+        b = torch.randn(hidden, device="cuda", dtype=dtype)
+        k = max(2, (200 << 20) // nbytes)
+        inputs = [norm_input(rows, hidden, dtype, w, b) for _ in range(k)]
+        ops = {
+            "layer_norm": lambda i: torch.ops.reduce.layer_norm_bwd(i[1], i[0], [hidden], i[2], i[3], w, b,
+                                                                    [True, True, True]),
+            "rms_norm": lambda i: torch.ops.reduce.rms_norm_bwd(i[1], i[0], [hidden], i[4], w, [True, True]),
+            "x + dy": lambda i: torch.add(i[0], i[1]),
+        }
+        for name, op in ops.items():
+            for j in range(3 * k):
+                op(inputs[j % k])
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for j in range(k):
+                    op(inputs[j])
+            graph.replay()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    graph.replay()
+                torch.cuda.synchronize()
+            kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                             key=lambda e: e.time_range.start)
+            times = collections.defaultdict(list)
+            for e in kernels:
+                times[e.name.split("(")[0].split("<")[0].split("::")[-1]].append(e.device_time)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            calls = []
+            for _ in range(10):
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                calls.append(start.elapsed_time(end) / k * 1e3)
+            gaps = [b.time_range.start - a.time_range.end for a, b in zip(kernels, kernels[1:])]
+            print(f"{case} {name}: {statistics.median(calls):.1f} us a call in graph replay; "
+                  + "; ".join(f"{n} {statistics.median(v):.1f} us" for n, v in times.items())
+                  + (f"; gaps median {statistics.median(gaps):.1f} us" if name != "x + dy" else ""), flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
