@@ -6,12 +6,19 @@ launch, started before the row kernel ended).
     python3 scripts/profile_norm_bwd.py bfloat16:4096x4096 bfloat16:1024x18432
 """
 import collections
+import re
 import statistics
 import sys
 
 import torch
 from norm_cases import norm_input, parse
 from torch.profiler import ProfilerActivity, profile
+
+
+def kernel_name(signature: str) -> str:
+    """A kernel's name from its demangled signature: row_norm_bwd_rows_kernel, column_fold_kernel, ..."""
+    name = signature.replace("(anonymous namespace)::", "").removeprefix("void ")
+    return re.split(r"[<(]", name, maxsplit=1)[0].split("::")[-1]
 
 
 def main(cases: list[str]) -> None:
@@ -45,7 +52,7 @@ def main(cases: list[str]) -> None:
                              key=lambda e: e.time_range.start)
             times = collections.defaultdict(list)
             for e in kernels:
-                times[e.name.split("(")[0].split("<")[0].split("::")[-1]].append(e.device_time)
+                times[kernel_name(e.name)].append(e.device_time)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             calls = []
             for _ in range(10):
