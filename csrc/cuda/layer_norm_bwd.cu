@@ -613,7 +613,7 @@ void with_fold_lanes(int64_t chunks, int64_t slots, int64_t sms, F&& f) {
 // grad_weight and grad_bias from the blocks' partial rows (chunks x slots: weight's cols, then bias's where
 // slots == 2 * cols, each in column_run's layout over `vectors` vectors a row, runs of run_length elements;
 // vectors == cols and run_length 1 are column order, the streaming kernel's): a block of kFoldThreads takes a tile
-// of kFoldThreads / LANES slots, its LANES lanes (fold_lanes) striding over the chunks, the lanes folded in order:
+// of kFoldThreads / LANES slots, its LANES lanes (with_fold_lanes) striding over the chunks, the lanes folded in order:
 // the same bits every run. LANES a template constant: as a run-time count (its divisions, the loop's stride) the
 // fold took 0.4-0.6 us more at 1024 rows of 768-4096 (H100).
 template <typename Tuning, unsigned LANES, typename param_t, typename acc_t>

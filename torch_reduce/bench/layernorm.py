@@ -407,7 +407,7 @@ def summary(records: list[dict], worst: int = 3) -> list[str]:
     return lines
 
 
-def _same_bytes(record: dict) -> str:
+def _same_bytes_cell(record: dict) -> str:
     ms = record.get("same_bytes_ms")
     return "–" if ms is None else f"{ms:.4f} ({_number(record['same_bytes_pct_of_line'], '%')})"
 
@@ -421,7 +421,7 @@ def table(records: list[dict]) -> list[str]:
         targets = "; ".join(f"{t['target']}: {t['verdict']}" for t in r["targets"])
         errors = "; ".join(f"{impl}: {message}" for impl, message in r["errors"].items())
         lines.append(f"| {r['op']} | {r['mode']} | {r['dtype']} | {r['rows']}x{r['hidden']} | {_ms(r['graph_ms'])} | "
-                     f"{_number(r['ours_pct_of_line'], '%')} | {_same_bytes(r)} | "
+                     f"{_number(r['ours_pct_of_line'], '%')} | {_same_bytes_cell(r)} | "
                      f"{_number(r['graph_vs_torch'], 'x')} | {_number(r['graph_vs_liger'], 'x')} | "
                      f"{_ms(r['eager_ms'])} | "
                      f"{_number(r['eager_vs_torch'], 'x') if r['eager_ms'] else ''} | "
