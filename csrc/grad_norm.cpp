@@ -2,6 +2,7 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -45,10 +46,19 @@ void check_clip_grads(at::TensorList grads, const at::Tensor& total_norm, const 
   TORCH_CHECK(total_norm.dim() == 0 && is_float_type(total_norm.scalar_type()), op,
               ": total_norm must be a 0-dim floating tensor, got shape ", total_norm.sizes(), " of ",
               total_norm.scalar_type());
-  // torch's error for an expanded gradient, raised whether or not it would be scaled (the CPU kernel skips a
-  // coefficient of 1), and before any gradient is.
-  for (const at::Tensor& g : grads)
-    if (g.layout() == at::kStrided) at::assert_no_internal_overlap(g);
+  for (const at::Tensor& g : grads) check_scalable(g);
+}
+
+void check_scalable(const at::Tensor& g) {
+  if (g.layout() == at::kStrided) at::assert_no_internal_overlap(g);
+  TORCH_CHECK(!g.is_inference() || c10::InferenceMode::is_enabled(),
+              "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone to get a "
+              "normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 for more "
+              "details.");
+}
+
+bool norm_is_magnitude(const at::Tensor& t, double ord) {
+  return t.numel() == 1 && ord != 0 && !std::isnan(ord) && !(t.is_cuda() && ord == 2);
 }
 
 at::ScalarType total_norm_dtype(at::TensorList tensors) {
@@ -160,6 +170,28 @@ void clip_grads_sparse(at::TensorList grads, const at::Tensor& total_norm, doubl
   if (!dense.empty()) op.call(dense, total_norm, max_norm);
 }
 
+// Sparse compressed tensors (CSR, CSC, BSR, BSC; a list with one comes here), which torch's norms and clipping do
+// not take either (they raise from deep inside): our error names the layout, where the dispatcher's would name a
+// missing kernel.
+[[noreturn]] void refuse_compressed(at::TensorList tensors, const char* op) {
+  const auto compressed = std::find_if(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
+    return t.layout() != at::kStrided && t.layout() != at::kSparse;
+  });
+  C10_THROW_ERROR(Error, c10::str(op, ": takes strided or sparse COO tensors, got one of layout ",
+                                  compressed != tensors.end() ? compressed->layout() : at::kSparseCsr,
+                                  "; densify it with .to_dense()"));
+}
+
+std::vector<at::Tensor> foreach_norm_compressed(at::TensorList tensors, double, std::optional<at::ScalarType>) {
+  refuse_compressed(tensors, "reduce::foreach_norm");
+}
+
+at::Tensor total_norm_compressed(at::TensorList tensors, double) { refuse_compressed(tensors, "reduce::total_norm"); }
+
+void clip_grads_compressed(at::TensorList grads, const at::Tensor&, double) {
+  refuse_compressed(grads, "reduce::clip_grads_");
+}
+
 }  // namespace
 
 // A conjugate (complex) or negative (real) view's norm is its memory's, and a real coefficient's scaling commutes
@@ -176,18 +208,17 @@ TORCH_REDUCE_VIEW_BITS_FALL_THROUGH(Conjugate)
 TORCH_REDUCE_VIEW_BITS_FALL_THROUGH(Negative)
 #undef TORCH_REDUCE_VIEW_BITS_FALL_THROUGH
 
-TORCH_LIBRARY_IMPL(reduce, SparseCPU, m) {
-  m.impl("foreach_norm", &foreach_norm_sparse);
-  m.impl("total_norm", &total_norm_sparse);
-  m.impl("clip_grads_", &clip_grads_sparse);
-  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm_sparse, &clip_grads_sparse>);
-}
-
-TORCH_LIBRARY_IMPL(reduce, SparseCUDA, m) {
-  m.impl("foreach_norm", &foreach_norm_sparse);
-  m.impl("total_norm", &total_norm_sparse);
-  m.impl("clip_grads_", &clip_grads_sparse);
-  m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm_sparse, &clip_grads_sparse>);
-}
+#define TORCH_REDUCE_LIST_LAYOUT(key, kind)                                                 \
+  TORCH_LIBRARY_IMPL(reduce, key, m) {                                                      \
+    m.impl("foreach_norm", &foreach_norm_##kind);                                           \
+    m.impl("total_norm", &total_norm_##kind);                                               \
+    m.impl("clip_grads_", &clip_grads_##kind);                                              \
+    m.impl("clip_grad_norm_", &clip_grad_norm<&total_norm_##kind, &clip_grads_##kind>);     \
+  }
+TORCH_REDUCE_LIST_LAYOUT(SparseCPU, sparse)
+TORCH_REDUCE_LIST_LAYOUT(SparseCUDA, sparse)
+TORCH_REDUCE_LIST_LAYOUT(SparseCsrCPU, compressed)
+TORCH_REDUCE_LIST_LAYOUT(SparseCsrCUDA, compressed)
+#undef TORCH_REDUCE_LIST_LAYOUT
 
 }  // namespace torch_reduce

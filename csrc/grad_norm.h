@@ -23,8 +23,18 @@ namespace torch_reduce {
 // no empty tensor for the orders without an identity (inf and below 0). An empty list raises, as
 // torch._foreach_norm does.
 void check_norm_list(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
-// grads floating or complex, total_norm a 0-dim floating tensor.
+// grads floating or complex, total_norm a 0-dim floating tensor, then check_scalable of each.
 void check_clip_grads(at::TensorList grads, const at::Tensor& total_norm, const char* op);
+// torch's errors for a gradient that its in-place product cannot scale (an expanded one, an inference tensor outside
+// inference mode), raised whether or not it would be scaled (the CPU kernel skips a coefficient of 1) and before any
+// gradient is.
+void check_scalable(const at::Tensor& g);
+
+// Whether torch's norm of `t` is its one element's magnitude, not the root of a fold of |x|^p (inf or 0 where that
+// leaves float32's range: a 0-dim float32 gradient of 3e19 at order 3): on the CPU always (a fold of one element
+// runs in double there), on the GPU except at order 2, which _foreach_norm's float32 kernel folds (orders 1 and inf
+// give the magnitude either way); never at order 0 or NaN.
+bool norm_is_magnitude(const at::Tensor& t, double ord);
 
 // total_norm's dtype: the real types of the tensors' dtypes promoted, as torch.stack promotes the per-tensor norms.
 at::ScalarType total_norm_dtype(at::TensorList tensors);

@@ -33,6 +33,8 @@ at::Tensor reject_sparse(const at::Tensor& t, int64_t) {
 #define TORCH_REDUCE_REJECT(name, variant) m.impl(#name, &reject_sparse);
 TORCH_LIBRARY_IMPL(reduce, SparseCPU, m) { TORCH_REDUCE_LADDER(TORCH_REDUCE_REJECT) }
 TORCH_LIBRARY_IMPL(reduce, SparseCUDA, m) { TORCH_REDUCE_LADDER(TORCH_REDUCE_REJECT) }
+TORCH_LIBRARY_IMPL(reduce, SparseCsrCPU, m) { TORCH_REDUCE_LADDER(TORCH_REDUCE_REJECT) }
+TORCH_LIBRARY_IMPL(reduce, SparseCsrCUDA, m) { TORCH_REDUCE_LADDER(TORCH_REDUCE_REJECT) }
 #undef TORCH_REDUCE_REJECT
 
 }  // namespace torch_reduce

@@ -191,6 +191,8 @@ def with_residual(norm_samples):
 def describe(args, kwargs) -> str:
     """A sample in one line: tensors as dtype[shape] (with 'view' when non-contiguous), the rest as given."""
     def one(a):
+        if isinstance(a, torch.Tensor) and a.layout != torch.strided:
+            return f"{str(a.dtype)[6:]}{list(a.shape)} {str(a.layout)[6:]}"
         if isinstance(a, torch.Tensor):
             view = "" if a.is_contiguous() else " view" + str(tuple(a.stride()))
             return f"{str(a.dtype)[6:]}{list(a.shape)}{view}"
@@ -341,6 +343,9 @@ def ladder_error_inputs(device):
     # Depending on the torch version the dispatcher refuses a sparse tensor, or the op's own check does.
     yield ErrorInput((x.to_sparse(),), {}, (NotImplementedError, RuntimeError), "(?i)sparse", ours_only=True,
                      meta=False)
+    # A sparse compressed tensor: our kernel's error, which names the layout.
+    yield ErrorInput((x.view(2, 4).to_sparse_csr(),), {}, RuntimeError, "expected a dense .* SparseCsr",
+                     ours_only=True, meta=False)
 
 
 def reduction_error_inputs(name):

@@ -547,6 +547,29 @@ def test_norms_beyond_the_dtypes_range_like_torch(ord, dtype, device):
         torch.testing.assert_close(p.grad, q.grad, equal_nan=True, **TORCH_TOL[dtype])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("ord", [2, 3, 0.5, -2, 1, INF], ids=str)
+def test_one_element_tensors_beyond_the_range_like_torch(ord, dtype, device):
+    """A one-element tensor (a 0-dim gradient, such as a learned temperature's) whose |x|^p leaves float32's range:
+    torch's norm of it: |x| on the CPU (no fold there) and on the GPU but at order 2 (the float32 fold of torch's
+    _foreach_norm kernel: inf or 0); alone in a list or beside others."""
+    big, tiny = min(torch.finfo(dtype).max / 2, 3e19), max(torch.finfo(dtype).tiny, 1e-25)
+    tol = dict(rtol=TORCH_TOL[dtype]["rtol"], atol=0)  # relative alone: the tiny element's norm is 1e-25, not 0
+    for value in (big, -big, tiny):
+        x = torch.tensor(value, dtype=dtype, device=device)
+        for lists in ([x], [x.view(1)], [x, torch.ones(3, dtype=dtype, device=device)]):
+            for got, want in zip(torch_reduce.foreach_norm(lists, ord), torch._foreach_norm(lists, ord)):
+                torch.testing.assert_close(got, want, **tol)
+            torch.testing.assert_close(torch_reduce.get_total_norm(lists, ord),
+                                       torch.nn.utils.get_total_norm(lists, ord), **tol)
+        ours, theirs = (torch.nn.Parameter(torch.zeros((), dtype=dtype, device=device)) for _ in range(2))
+        ours.grad, theirs.grad = x.clone(), x.clone()
+        torch.testing.assert_close(torch_reduce.clip_grad_norm_([ours], 1.0, ord),
+                                   torch.nn.utils.clip_grad_norm_([theirs], 1.0, ord), **tol)
+        torch.testing.assert_close(ours.grad, theirs.grad, **tol)
+
+
 def test_foreach_norm_arguments_as_torch_takes_them():
     """A tuple back; a tensor for the list (whose rows would iterate as one) and a bool order refused, as torch's."""
     x = torch.randn(2, 3)
@@ -599,6 +622,56 @@ def test_clip_grads_checks():
         torch.ops.reduce.clip_grads_([torch.randn(3, device="meta")], torch.ones(2, device="meta"), 1.0)
     with pytest.raises(RuntimeError, match="gradients"):
         torch.ops.reduce.clip_grads_([torch.ones(3, dtype=torch.long)], torch.tensor(1.0), 1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("max_norm", [0.5, 1e9], ids=["clips", "keeps"])
+def test_inference_tensor_grads_raise_like_torch(max_norm, device):
+    """A gradient made under torch.inference_mode cannot be scaled in place outside it: torch's error, whether or
+    not the norm is within max_norm (torch's mul_ runs either way); inside inference mode it is scaled."""
+    with torch.inference_mode():
+        grads = [torch.randn(3, device=device), torch.randn(4, device=device)]
+
+    def params_with_inference_grads():
+        params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        with torch.inference_mode():
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+        return params
+
+    params, theirs = params_with_inference_grads(), params_with_inference_grads()
+    match = "Inplace update to inference tensor outside InferenceMode"
+    if device != "meta":
+        with pytest.raises(RuntimeError, match=match):
+            torch.nn.utils.clip_grad_norm_(params_with_inference_grads(), max_norm)
+    with pytest.raises(RuntimeError, match=match):
+        torch_reduce.clip_grad_norm_(params, max_norm)
+    with pytest.raises(RuntimeError, match=match):
+        torch_reduce.clip_grads_with_norm_(params, max_norm, torch.tensor(1.0, device=device))
+    if device != "meta":
+        with torch.inference_mode():
+            total = torch_reduce.clip_grad_norm_(params, max_norm)
+            their_total = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+        torch.testing.assert_close(total, their_total)
+        for p, q in zip(params, theirs):
+            torch.testing.assert_close(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_sparse_compressed_gradients_raise(device):
+    """CSR, CSC, BSR and BSC gradients (torch's clipping raises on them too): our error names the layout."""
+    dense = torch.randn(4, 6, device=device)
+    for compressed in (dense.to_sparse_csr(), dense.to_sparse_csc(), dense.to_sparse_bsr((2, 2)),
+                       dense.to_sparse_bsc((2, 2))):
+        tensors = [torch.randn(3, device=device), compressed]
+        layout = {torch.sparse_csr: "SparseCsr", torch.sparse_csc: "SparseCsc", torch.sparse_bsr: "SparseBsr",
+                  torch.sparse_bsc: "SparseBsc"}[compressed.layout]
+        for call in (lambda: torch_reduce.foreach_norm(tensors), lambda: torch_reduce.get_total_norm(tensors),
+                     lambda: torch.ops.reduce.clip_grads_(tensors, torch.tensor(2.0, device=device), 1.0),
+                     lambda: torch.ops.reduce.clip_grad_norm_(tensors, 1.0, 2.0)):
+            with pytest.raises(RuntimeError, match=f"strided or sparse COO tensors, got one of layout {layout}"):
+                call()
 
 
 def test_clip_grads_bump_versions():

@@ -443,10 +443,14 @@ def _check_grads(op: str, grads) -> None:
         if g.dtype not in _FLOATS and not g.dtype.is_complex:
             raise RuntimeError(f"{op}: expected floating point or complex gradients (float32, float64, float16, "
                                f"bfloat16, complex32, complex64, complex128), got {_c10_name(g.dtype)}")
-    for g in grads:  # at::assert_no_internal_overlap's (1: overlaps for sure)
+    for g in grads:  # at::assert_no_internal_overlap's (1: overlaps for sure), then mul_'s on an inference tensor
         if g.layout == torch.strided and torch._debug_has_internal_overlap(g) == 1:
             raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
                                "single memory location. Please clone() the tensor before performing the operation.")
+        if g.is_inference() and not torch.is_inference_mode_enabled():
+            raise RuntimeError("Inplace update to inference tensor outside InferenceMode is not allowed.You can make "
+                               "a clone to get a normal tensor before doing inplace update.See "
+                               "https://github.com/pytorch/rfcs/pull/17 for more details.")
 
 
 @torch.library.register_fake("reduce::clip_grad_norm_")

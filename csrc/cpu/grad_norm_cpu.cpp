@@ -68,6 +68,11 @@ std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, co
   return accumulators;
 }
 
+// The magnitude of t's one element (norm_is_magnitude), else the folded norm.
+double one_element_or(const at::Tensor& t, double ord, double folded) {
+  return norm_is_magnitude(t, ord) ? at::abs(t).to(at::kDouble).item<double>() : folded;
+}
+
 std::vector<at::Tensor> dense_list(at::TensorList tensors, const char* op) {
   std::vector<at::Tensor> dense;
   dense.reserve(tensors.size());
@@ -91,7 +96,8 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
   with_norm_ops<double>(ord, [&](auto ops) {
     const std::vector<double> accumulators = tensor_accumulators(dense, ops);
     for (size_t i = 0; i < dense.size(); ++i) {
-      const double norm = project_result(ops, in_fold_range(accumulators[i], wide));
+      const double folded = project_result(ops, in_fold_range(accumulators[i], wide));
+      const double norm = one_element_or(tensors[i], ord, folded);
       norms.push_back(scalar_norm(norm, dense[i].options().dtype(real.dtype.value_or(dense[i].scalar_type()))));
     }
   });
@@ -109,6 +115,7 @@ at::Tensor total_norm(at::TensorList tensors, double ord) {
     for (double a : tensor_accumulators(dense, ops)) acc = ops(acc, tensor_contribution(ops, in_fold_range(a, wide)));
     total = project_result(ops, in_fold_range(acc, wide));
   });
+  if (tensors.size() == 1) total = one_element_or(tensors[0], ord, total);
   return scalar_norm(total, tensors[0].options().dtype(total_norm_dtype(tensors)));
 }
 

@@ -459,6 +459,9 @@ std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, st
         using Tuning = decltype(tuning);
         launch_norms(ListTables<Tuning>(dense), device, ord, wide, group_norms, at::Tensor());
       });
+      for (size_t k = 0; k < group.size(); ++k) {
+        if (norm_is_magnitude(group[k], ord)) group_norms[k].copy_(at::abs(group[k]).reshape({}));
+      }
     }
     for (size_t k = 0; k < positions.size(); ++k) norms[positions[k]] = group_norms[k];
   });
@@ -484,10 +487,14 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
       wide = wide || t.scalar_type() == at::kDouble;
     }
     const at::Tensor total = at::empty({}, group[0].options().dtype(result_type));
-    with_tuning([&](auto tuning) {
-      using Tuning = decltype(tuning);
-      launch_norms(ListTables<Tuning>(dense), device, ord, wide, {}, total);
-    });
+    if (real.size() == 1 && norm_is_magnitude(real[0], ord)) {
+      total.copy_(at::abs(real[0]).reshape({}));
+    } else {
+      with_tuning([&](auto tuning) {
+        using Tuning = decltype(tuning);
+        launch_norms(ListTables<Tuning>(dense), device, ord, wide, {}, total);
+      });
+    }
     totals.push_back(total);
   });
   return totals.size() == 1 ? totals[0] : combine_totals(totals, ord);
@@ -537,6 +544,7 @@ at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double nor
   bool complex = false, zero_dim = false;
   at::ScalarType total_type = c10::toRealValueType(grads[0].scalar_type());  // total_norm_dtype's, in the same pass
   for (const at::Tensor& g : grads) {
+    check_scalable(g);
     one_dense_cuda_list = one_dense_cuda_list && g.device() == device && g.is_non_overlapping_and_dense();
     complex = complex || g.is_complex();
     zero_dim = zero_dim || g.dim() == 0;
@@ -544,7 +552,8 @@ at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double nor
   }
   const auto wider = [&](const at::Tensor& g) { return scaled_in_a_wider_type(g, total_type); };
   if (!one_dense_cuda_list || (complex && norm_type != 2) ||
-      (zero_dim && std::any_of(grads.begin(), grads.end(), wider)))
+      (zero_dim && std::any_of(grads.begin(), grads.end(), wider)) ||
+      (grads.size() == 1 && norm_is_magnitude(grads[0], norm_type)))
     return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type);
   const bool wide = total_type == at::kDouble;  // only float types reach here: double iff one is double
   const c10::cuda::CUDAGuard guard(device);
