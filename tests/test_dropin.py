@@ -143,6 +143,31 @@ def test_dims_and_keepdim(name, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_numpys_argument_names_as_torch_takes_them(device):
+    """axis for dim, keepdims for keepdim, and x, a or x1 for the tensor (input; vector_norm's x also as input), as
+    torch's argument parser takes them; a name and its alias together raise its TypeError."""
+    x = random_tensor((3, 4, 5), torch.float32, device)
+    torch_ops = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "amin": torch.amin, "prod": torch.prod,
+                 "vector_norm": torch.linalg.vector_norm, "var_mean": torch.var_mean}
+    for name, theirs in torch_ops.items():
+        ours, tensor = getattr(torch_reduce, name), "x" if name == "vector_norm" else "input"
+        calls = [((x,), {"axis": 1}), ((x,), {"axis": 2 if name == "prod" else (0, 2), "keepdims": True}),
+                 ((), {"a": x, "axis": -1}),
+                 ((), {"x1": x, "dim": 1, "keepdims": True}),
+                 ((), {"input" if tensor == "x" else "x": x, "axis": 0})]
+        for args, kwargs in calls:
+            want, got = theirs(*args, **kwargs), ours(*args, **kwargs)
+            for g, w in zip(got if name == "var_mean" else [got], want if name == "var_mean" else [want]):
+                assert g.shape == w.shape, (name, kwargs)
+                torch.testing.assert_close(g, w)
+        for kwargs in ({"dim": 0, "axis": 1}, {"dim": 0, "keepdim": True, "keepdims": True}):
+            with pytest.raises(TypeError):
+                theirs(x, **kwargs)
+            with pytest.raises(TypeError, match="unexpected keyword argument '(axis|keepdims)'"):
+                ours(x, **kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_numbers_as_torch_takes_them(device):
     """A 0-dim tensor or a numpy scalar where torch takes a number: var_mean's correction, vector_norm's ord."""
     x = random_tensor((3, 4, 5), torch.float32, device)

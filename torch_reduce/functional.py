@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _entry_points
-from .reductions import _bool, _dims, _input, _number
+from .reductions import _bool, _dims, _input, _number, with_numpy_names
 
 _Dims = Union[int, Sequence[int], None]
 _NOT_GIVEN = object()
@@ -144,7 +144,7 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
 
 
 # C entry points (csrc/fast_call.cpp) over the wrappers above.
-_WRAPPERS = {"var_mean": var_mean, "layer_norm": layer_norm, "rms_norm": rms_norm, "add_layer_norm": add_layer_norm,
+_WRAPPERS = {"var_mean": with_numpy_names(var_mean), "layer_norm": layer_norm, "rms_norm": rms_norm, "add_layer_norm": add_layer_norm,
              "add_rms_norm": add_rms_norm}
 _ENTRIES = _entry_points.install(_WRAPPERS)
 var_mean = _ENTRIES["var_mean"]

@@ -9,6 +9,8 @@ for every other.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
 import operator
 import warnings
@@ -137,6 +139,24 @@ def _bool(name: str, value, argument: str = "keepdim") -> bool:
     return value
 
 
+def with_numpy_names(wrapper: Callable) -> Callable:
+    """``wrapper`` taking NumPy's names for its arguments too, as torch's argument parser does (torch.sum(x, axis=1,
+    keepdims=True), torch.linalg.vector_norm(a=x)): axis for dim, keepdims for keepdim, and input, x, a or x1 for
+    the tensor (its first argument); a name and its alias together raise torch's TypeError."""
+    tensor = next(iter(inspect.signature(wrapper).parameters))
+    aliases = {"axis": "dim", "keepdims": "keepdim", **{n: tensor for n in ("input", "x", "a", "x1") if n != tensor}}
+
+    @functools.wraps(wrapper)
+    def reduction(*args, **kwargs):
+        for alias in [k for k in kwargs if k in aliases]:
+            if aliases[alias] in kwargs:
+                raise TypeError(f"{wrapper.__name__}() got an unexpected keyword argument '{alias}'")
+            kwargs[aliases[alias]] = kwargs.pop(alias)
+        return wrapper(*args, **kwargs)
+
+    return reduction
+
+
 # sum/mean/prod's defaults of dim (None) and keepdim (False), told from the same values given: torch.sum(x,
 # keepdim=True) raises where torch.sum(x, None, True) reduces every dim, since keepdim= (and sum's and prod's out=)
 # belong to the overload with dim. Plain objects, which torch.compile traces as constants.
@@ -182,7 +202,7 @@ def _wrapper(row: DimReduction) -> Callable[..., torch.Tensor]:
     return reduction
 
 
-_WRAPPERS = {row.name: _wrapper(row) for row in DIM_REDUCTIONS}
+_WRAPPERS = {row.name: with_numpy_names(_wrapper(row)) for row in DIM_REDUCTIONS}
 _ENTRIES = _entry_points.install(_WRAPPERS)  # what torch_reduce.sum etc. are (csrc/fast_call.cpp)
 sum = _ENTRIES["sum"]  # noqa: A001  (torch's names, on purpose)
 mean = _ENTRIES["mean"]
