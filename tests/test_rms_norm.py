@@ -231,6 +231,45 @@ def test_convert_norms_converts_what_it_can_keep(device):
     assert type(model[3]).__mro__[1] is LlamaStyleRMSNorm
 
 
+class ChannelRMSNorm(LlamaStyleRMSNorm):
+    """Llama's formula over dim 1 of (N, C, L): the same as Llama's on (rows, C) input, another norm on 3-d input."""
+
+    def forward(self, hidden_states):
+        x = hidden_states.float()
+        out = x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + self.variance_epsilon)
+        return self.weight.view(-1, *[1] * (x.dim() - 2)) * out.to(hidden_states.dtype)
+
+
+class BroadcastChannelRMSNorm(LlamaStyleRMSNorm):
+    """A channel norm whose forward raises on (rows, C) and (N, L, C) input."""
+
+    def forward(self, hidden_states):
+        x = hidden_states.float()
+        out = x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + self.variance_epsilon)
+        return self.weight[:, None] * out.to(hidden_states.dtype)
+
+
+class ResidualRMSNorm(LlamaStyleRMSNorm):
+    """Llama's formula with a residual argument: ours would drop it."""
+
+    def forward(self, hidden_states, residual=None):
+        return super().forward(hidden_states if residual is None else hidden_states + residual)
+
+
+@pytest.mark.parametrize("cls", [ChannelRMSNorm, BroadcastChannelRMSNorm, ResidualRMSNorm])
+def test_convert_norms_leaves_other_norms_with_llamas_fields_alone(cls):
+    """A ...RMSNorm with a weight and a variance_epsilon whose forward normalizes another dim, raises on the probe's
+    input, or takes more than the input is not converted (and converting does not raise)."""
+    module = cls(6)
+    with torch.no_grad():
+        module.weight.normal_(1, 0.3)
+    x = torch.randn(2, 6, 6)
+    before = module(x, x) if cls is ResidualRMSNorm else module(x.transpose(1, 2)[..., :1])
+    assert torch_reduce.nn.convert_norms(module) is module and type(module) is cls
+    after = module(x, x) if cls is ResidualRMSNorm else module(x.transpose(1, 2)[..., :1])
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
 class KeepsTorchForward(nn.LayerNorm):
     """An nn.LayerNorm subclass that keeps torch's forward: converted to a subclass of it."""
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 
@@ -90,17 +91,28 @@ def _converted_class(cls: type, torch_class: type, ours: type) -> type | None:
     return _subclass_with_forward(cls, ours.forward)
 
 
+def _takes_one_tensor(forward) -> bool:
+    """Whether ``forward(self, x)`` is all a forward takes: ours takes nothing more, so a module whose forward has
+    other parameters (a residual, a mask, ``*args``) keeps its own."""
+    try:
+        params = list(inspect.signature(forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
+
+
 def _is_transformers_rms_norm(module: torch.nn.Module) -> bool:
     """A module written like transformers' LlamaRMSNorm: a class named ...RMSNorm with one 1-dim parameter,
-    ``weight``, a float ``variance_epsilon``, no children, and a forward that computes what
-    _transformers_rms_norm_forward computes (checked on a few rows in the weight's dtype and in float32, so
-    that a look-alike with another formula, such as Gemma's (1 + weight), is left alone; a meta weight's module
-    is checked on a copy with a random CPU weight)."""
+    ``weight``, a float ``variance_epsilon``, no children, a forward of one tensor, and that forward computing what
+    _transformers_rms_norm_forward computes (checked on a (2, 3, hidden) input in the weight's dtype and in float32,
+    so that a look-alike with another formula, such as Gemma's (1 + weight), or one that normalizes another dim, is
+    left alone, and so is one whose forward raises on it; a meta weight's module is checked on a copy with a random
+    CPU weight)."""
     cls = type(module)
     params = dict(module.named_parameters(recurse=False))
     if not (cls.__name__.endswith("RMSNorm") and list(params) == ["weight"] and params["weight"].dim() == 1
             and isinstance(getattr(module, "variance_epsilon", None), float) and not list(module.children())
-            and cls.forward is not _transformers_rms_norm_forward):
+            and cls.forward is not _transformers_rms_norm_forward and _takes_one_tensor(cls.forward)):
         return False
     weight = params["weight"]
     # A generator of its own: converting a model leaves the caller's random stream where it was.
@@ -112,10 +124,14 @@ def _is_transformers_rms_norm(module: torch.nn.Module) -> bool:
         weight = module.weight
     with torch.no_grad(), torch.autocast(weight.device.type, enabled=False):
         for dtype in dict.fromkeys((weight.dtype, torch.float32)):
-            x = torch.randn(3, weight.numel(), device=weight.device, dtype=dtype, generator=generator)
-            theirs = cls.forward(module, x)  # not module(x): its hooks are not for this probe
+            x = torch.randn(2, 3, weight.numel(), device=weight.device, dtype=dtype, generator=generator)
+            try:
+                theirs = cls.forward(module, x)  # not module(x): its hooks are not for this probe
+            except Exception:  # e.g. a norm over channels, (N, C, L): not this formula
+                return False
             ours = _transformers_rms_norm_forward(module, x)
-            if theirs.dtype != ours.dtype or not torch.allclose(theirs.float(), ours.float(), rtol=2e-2, atol=1e-2):
+            if (not isinstance(theirs, torch.Tensor) or theirs.shape != ours.shape or theirs.dtype != ours.dtype
+                    or not torch.allclose(theirs.float(), ours.float(), rtol=2e-2, atol=1e-2)):
                 return False
     return True
 
