@@ -124,7 +124,16 @@ def test_edges(device):
     check(torch.tensor(3.0, device=device), None, correction=0)
     x = torch.randn(4, 8, device=device)
     x[1, 3] = float("nan")
-    check(x, -1)  # (inf is left out: torch's own Welford gives an order-dependent inf or NaN mean)
+    check(x, -1)
+    # An inf (torch's own Welford gives an order-dependent inf or NaN mean): torch.mean's mean, a NaN variance; both
+    # signs in a row: NaN for both. Rows of 8 and of 1000 (the GPU's warp and block rows).
+    for cols in (8, 1000):
+        x = torch.randn(4, cols, device=device)
+        inf = float("inf")
+        x[0, 0], x[1, 3], x[2, 5], x[3, 1], x[3, 6] = inf, -inf, inf, inf, -inf
+        var, mean = torch_reduce.var_mean(x, -1)
+        torch.testing.assert_close(mean, torch.mean(x, -1), equal_nan=True)
+        assert var.isnan().all()
 
 
 @pytest.mark.parametrize("device", DEVICES)
