@@ -51,6 +51,10 @@ void check_clip_grads(at::TensorList grads, const at::Tensor& total_norm, const 
 
 void check_scalable(const at::Tensor& g) {
   if (g.layout() == at::kStrided) at::assert_no_internal_overlap(g);
+  check_not_inference(g);
+}
+
+void check_not_inference(const at::Tensor& g) {
   TORCH_CHECK(!g.is_inference() || c10::InferenceMode::is_enabled(),
               "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone to get a "
               "normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 for more "

@@ -29,6 +29,8 @@ void check_clip_grads(at::TensorList grads, const at::Tensor& total_norm, const 
 // inference mode), raised whether or not it would be scaled (the CPU kernel skips a coefficient of 1) and before any
 // gradient is.
 void check_scalable(const at::Tensor& g);
+// The second of those alone, for a gradient known to be dense (no element shares memory).
+void check_not_inference(const at::Tensor& g);
 
 // Whether torch's norm of `t` is its one element's magnitude, not the root of a fold of |x|^p (inf or 0 where that
 // leaves float32's range: a 0-dim float32 gradient of 3e19 at order 3): on the CPU always (a fold of one element

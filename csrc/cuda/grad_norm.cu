@@ -544,8 +544,8 @@ at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double nor
   bool complex = false, zero_dim = false;
   at::ScalarType total_type = c10::toRealValueType(grads[0].scalar_type());  // total_norm_dtype's, in the same pass
   for (const at::Tensor& g : grads) {
-    check_scalable(g);
     one_dense_cuda_list = one_dense_cuda_list && g.device() == device && g.is_non_overlapping_and_dense();
+    if (one_dense_cuda_list) check_not_inference(g);  // a list that is not takes clip_grads_cuda's checks
     complex = complex || g.is_complex();
     zero_dim = zero_dim || g.dim() == 0;
     total_type = at::promoteTypes(total_type, c10::toRealValueType(g.scalar_type()));
