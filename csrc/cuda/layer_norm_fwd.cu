@@ -24,7 +24,15 @@
 //   104-208 bytes);
 // - the row's sums in four accumulators a thread (add chains a quarter as long): LayerNorm geomean 1.01x over the
 //   same 32 cases where the kernel of 4 alone gave 1.03x, RMSNorm 1.00x
-//   (benchmarks/results/nvidia-h200/logs/ab_forward_half_items.jsonl).
+//   (benchmarks/results/nvidia-h200/logs/ab_forward_half_items.jsonl);
+// - (H100, the ops alone, graph replay, one build switching at run time, two processes each, the 17 cases furthest
+//   behind Liger-Kernel; benchmarks/results/nvidia-h100/logs/ab_forward_one_item_params_first.jsonl) Liger's
+//   16-bit layout and occupancy, one vector a thread in a kernel compiled for 2048 threads an SM (32 registers):
+//   LayerNorm float32 0.82-1.00x, bfloat16 0.66-0.92x (ptxas: 16-bit LayerNorm spills 24-32 bytes there), RMSNorm
+//   0.83-1.03x; and the kernel of kHalfItems loading the weight and bias with the row (at 1024 threads an SM, as
+//   Liger's float32 kernel at 4096 columns: 64 registers): float32 LayerNorm 0.97-1.06x (1024x4096 12.90 -> 12.23
+//   us, Liger 11.33; 2048x4096 25.90 -> 26.70), RMSNorm 0.97-1.07x, 16-bit spills 128-200 bytes (bfloat16
+//   LayerNorm 16384x1024 27.1 -> 45.8 us).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
