@@ -172,6 +172,22 @@ def test_reductions_are_the_sequences(device, layout, kind, name):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", REDUCTIONS + ["layer_norm", "rms_norm"])
+def test_double_backward_through_torchs_jagged_ops(device, name):
+    """A loss that is not linear in a jagged result (torch's jagged sin of it first): the first backward runs through
+    torch's jagged ops into ours, recording its graph, and the second back through ours (torch's own backward of a
+    view of values differentiates once on jagged tensors)."""
+    x, source, sequences = jagged("packed", torch.float64, device, requires_grad=True)
+    if name in ("layer_norm", "rms_norm"):
+        got, want = getattr(torch_reduce, name)(x, [4]), [getattr(F, name)(s, [4]) for s in sequences]
+    else:
+        got, want = call(name, x, [x.dim() - 1], False), reference(name, x, sequences, [x.dim() - 1], False)
+        if name == "var_mean":
+            got, want = got[0], want[0]
+    check_gradients(flat(got.sin()), [w.sin() for w in want], [source])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
 @pytest.mark.parametrize("name", PADDED)
 def test_over_the_ragged_dim_like_torch(device, dtype, name):

@@ -22,8 +22,9 @@ offsets, lengths and nested int: ``layer_norm(x) + x`` works):
   for either).
 
 The kernels are registered for the AutogradNestedTensor dispatch key, above autograd, and are written in
-differentiable ops (values(), the dense op, a nested view of its result): gradients, double backward and
-torch.compile run on the dense op's own autograd. Below autograd, torch's jagged tensor would record the op's
+differentiable ops (the values, the dense op, a jagged view of its result: _Values and _ToJagged, each the other's
+gradient): gradients, double backward (also of a loss that runs torch's jagged ops on a result) and torch.compile run
+on the dense op's own autograd. Below autograd, torch's jagged tensor would record the op's
 backward formulas on jagged tensors, which cannot be viewed as the formulas view them.
 """
 from __future__ import annotations
@@ -45,10 +46,42 @@ _ROW_ARGUMENTS = ("residual", "grad_out", "grad_sum")
 _PADDED = ("sum", "mean", "prod", "amax", "amin")
 
 
+class _ToJagged(torch.autograd.Function):
+    """A jagged view of values with x's offsets, lengths and sequence-length bounds (so its nested int too). Its
+    gradient is the gradient's values through _Values, and _Values's is a view through this, so gradients of every
+    order stay in the pair: torch's own backward of such a view takes values() of a jagged tensor, whose backward is
+    written for the strided layout (a double backward through it raises)."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, x: NestedTensor, ragged_idx: int) -> torch.Tensor:
+        ctx.x = x
+        return nested_view_from_values_offsets_lengths(values, x.offsets(), x.lengths(), ragged_idx,
+                                                       x._maybe_min_seqlen, x._maybe_max_seqlen)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _Values.apply(grad), None, None
+
+
+class _Values(torch.autograd.Function):
+    """x.values(), differentiable to any order (_ToJagged)."""
+
+    @staticmethod
+    def forward(ctx, x: NestedTensor) -> torch.Tensor:
+        ctx.x = x
+        return x.values()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _ToJagged.apply(grad, ctx.x, ctx.x._ragged_idx)
+
+
 def _like(x: NestedTensor, values: torch.Tensor, ragged_idx: int) -> torch.Tensor:
-    """A jagged view of values with x's offsets, lengths and sequence-length bounds (so its nested int too)."""
-    return nested_view_from_values_offsets_lengths(values, x.offsets(), x.lengths(), ragged_idx,
-                                                   x._maybe_min_seqlen, x._maybe_max_seqlen)
+    return _ToJagged.apply(values, x, ragged_idx)
+
+
+def _values(x: NestedTensor) -> torch.Tensor:
+    return _Values.apply(x)
 
 
 def _values_of(func, name: str, t, x: NestedTensor):
@@ -58,7 +91,7 @@ def _values_of(func, name: str, t, x: NestedTensor):
     if t.shape != x.shape or t._ragged_idx != x._ragged_idx:  # the nested ints compare the structures
         raise RuntimeError(f"{func}: {name} must be a jagged tensor with the input's structure, got shape "
                            f"{tuple(t.shape)} beside {tuple(x.shape)}")
-    return t.values()
+    return _values(t)
 
 
 def _jagged_input(func, a: dict, input_name: str) -> NestedTensor:
@@ -114,7 +147,7 @@ def _dim_reduction(func, args, kwargs):
     inner = sorted({ragged_idx - 1 if d == 0 else d - 1 for d in dims})  # the batch dim is the values' packed dim
     if ragged and not batch:
         return _over_sequences(func, name, a, input_name, x, dims)
-    out = func(**{**a, input_name: x.values(), "dim": inner})
+    out = func(**{**a, input_name: _values(x), "dim": inner})
     if batch:  # every sequence's elements together: dense
         return _each(out, lambda o: o.unsqueeze(0)) if keepdim else out
     if not keepdim:
@@ -128,7 +161,7 @@ def _whole_sum(func, args, kwargs):
     x = _jagged_input(func, a, "t")
     if x.lengths() is not None:
         raise RuntimeError(f"{func}: summing a jagged tensor with holes (lengths given) is not supported")
-    return func(**{**a, "t": x.values()})
+    return func(**{**a, "t": _values(x)})
 
 
 def _over_sequences(func, name: str, a: dict, input_name: str, x: NestedTensor, dims: list[int]):
@@ -168,7 +201,7 @@ def _identity(name: str, dtype: torch.dtype, device) -> torch.Tensor:
 def _padded(x: NestedTensor, fill: torch.Tensor) -> torch.Tensor:
     """x's sequences padded with fill to the longest: x's shape with the ragged dim that length. An index of the
     values, differentiable to any order (torch.nested.to_padded_tensor's backward is differentiable once)."""
-    ragged_idx, offsets, values = x._ragged_idx, x.offsets(), x.values()
+    ragged_idx, offsets, values = x._ragged_idx, x.offsets(), _values(x)
     lengths = offsets.diff()
     position = torch.arange(x._get_max_seqlen(), device=x.device)
     in_sequence = position < lengths.unsqueeze(1)  # (batch, longest)
