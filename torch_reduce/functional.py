@@ -144,8 +144,8 @@ def add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: 
 
 
 # C entry points (csrc/fast_call.cpp) over the wrappers above.
-_WRAPPERS = {"var_mean": with_numpy_names(var_mean), "layer_norm": layer_norm, "rms_norm": rms_norm, "add_layer_norm": add_layer_norm,
-             "add_rms_norm": add_rms_norm}
+_WRAPPERS = {"var_mean": with_numpy_names(var_mean), "layer_norm": layer_norm, "rms_norm": rms_norm,
+             "add_layer_norm": add_layer_norm, "add_rms_norm": add_rms_norm}
 _ENTRIES = _entry_points.install(_WRAPPERS)
 var_mean = _ENTRIES["var_mean"]
 layer_norm = _ENTRIES["layer_norm"]

@@ -77,6 +77,7 @@ class _Values(torch.autograd.Function):
 
 
 def _like(x: NestedTensor, values: torch.Tensor, ragged_idx: int) -> torch.Tensor:
+    """values as a jagged tensor of x's structure (_ToJagged)."""
     return _ToJagged.apply(values, x, ragged_idx)
 
 
