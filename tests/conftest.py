@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import torch_reduce  # registers torch.ops.reduce
 
@@ -28,6 +29,13 @@ def pytest_runtest_makereport(item, call):
         for name, value in item.user_properties:
             if name == "seed":
                 print(f"\n[replay with TORCH_REDUCE_SEED={value}]")
+
+
+def seed_torch(data):
+    """Seeds torch with a number hypothesis draws (``data``: st.data()), so that an example's random tensors are part
+    of the example: printed with a failing one, replayed and shrunk with it (hypothesis replays an example to confirm
+    it; with torch's generator running on, the replay draws other tensors and reports a flaky test instead)."""
+    torch.manual_seed(data.draw(st.integers(0, 2**32 - 1), label="torch seed"))
 
 
 def random_tensor(shape, dtype, device="cpu"):

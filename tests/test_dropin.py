@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import torch_reduce
-from conftest import ALL_DTYPES, DEVICES, INT_DTYPES, random_tensor, requires_cuda
+from conftest import ALL_DTYPES, DEVICES, INT_DTYPES, random_tensor, requires_cuda, seed_torch
 
 OPS = ["sum", "mean", "amax", "amin"]
 # Rounding allowed relative to the sum of |x| over the reduced elements, from the accumulate dtype.
@@ -115,6 +115,7 @@ HYPOTHESIS = settings(max_examples=300, deadline=None,
 @HYPOTHESIS
 @given(data=st.data())
 def test_like_torch(name, device, data):
+    seed_torch(data)
     x = data.draw(tensors(device))
     dim = data.draw(dims(x.dim(), allow_none=name in ("sum", "mean")))
     keepdim = data.draw(st.booleans())

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torch_reduce
-from conftest import ALL_DTYPES, DEVICES, FLOAT_DTYPES, random_tensor, requires_cuda, subprocess_env
+from conftest import (ALL_DTYPES, DEVICES, FLOAT_DTYPES, random_tensor, requires_cuda, seed_torch,
+                      subprocess_env)
 
 OPS = ["sum", "mean", "amax", "amin", "prod", "vector_norm", "var_mean"]
 
@@ -174,6 +175,7 @@ def drawn(draw, device):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_drawn_like_torch(device, data):
+    seed_torch(data)
     x = data.draw(drawn(device))
     name = data.draw(st.sampled_from(OPS))
     dims = data.draw(st.lists(st.integers(0, x.dim() - 1), min_size=1, max_size=x.dim(), unique=True))

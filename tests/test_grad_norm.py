@@ -52,10 +52,23 @@ def reference_norm(t, ord):
     return torch.linalg.vector_norm(t.cpu().to(torch.complex128 if t.is_complex() else torch.float64), ord)
 
 
-def reference_total(tensors, ord):
-    """The norm of every element as one vector; for order 0, as torch, the count of tensors with a non-zero."""
-    norms = torch.stack([reference_norm(t.cpu(), ord) for t in tensors])
-    return torch.linalg.vector_norm(norms, ord)
+def reference_total(tensors, ord, rounded=False):
+    """The norm of every element as one vector; for order 0, as torch, the count of tensors with a non-zero.
+    ``rounded``: each tensor's norm rounded to its real dtype first, as torch's total and ours take them."""
+    norms = [reference_norm(t.cpu(), ord) for t in tensors]
+    if rounded:
+        norms = [n.to(t.dtype.to_real()).double() for n, t in zip(norms, tensors)]
+    return torch.linalg.vector_norm(torch.stack(norms), ord)
+
+
+def assert_close_to_torch(got, theirs, reference, tol):
+    """ours against torch's within ``tol``, widened by torch's own distance from the float64 ``reference``: torch's
+    CPU float32 norm of order 0.5 of a (3, 70001) tensor was 5.1-5.5e-5 off float64 where ours was 3e-8 off (4 of
+    600 seeds beyond TORCH_TOL: 19, 72, 110, 543)."""
+    g, t, r = (x.detach().cpu().double() for x in (got, theirs, reference))
+    bound = tol["atol"] + tol["rtol"] * t.abs() + (t - r).abs().nan_to_num(nan=math.inf)
+    ok = ((g - t).abs() <= bound) | (g == t) | (g.isnan() & t.isnan())
+    assert ok.all(), f"ours {g[~ok][:4].tolist()}, torch's {t[~ok][:4].tolist()}, float64 {r[~ok][:4].tolist()}"
 
 
 def empty_allowed(ord):
@@ -90,7 +103,7 @@ def test_foreach_norm_against_float64_and_torch(ord, dtype, device):
         assert g.dtype == dtype and g.shape == () and g.device == t.device
         want = reference_norm(t, ord).to(dtype).double()
         torch.testing.assert_close(g.double().cpu(), want, **TOL[dtype], msg=lambda m: f"{list(t.shape)}: {m}")
-        torch.testing.assert_close(g.double(), th.double(), **TORCH_TOL[dtype])
+        assert_close_to_torch(g, th, reference_norm(t, ord), TORCH_TOL[dtype])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -195,7 +208,9 @@ def test_complex_tensors_like_torch(ord, device):
     want = torch.nn.utils.get_total_norm(like_torch, ord)
     assert total.dtype == want.dtype == torch.float64  # complex128 promoted among the real types
     torch.testing.assert_close(torch_reduce.get_total_norm(like_torch, ord), want, **TOL[torch.float16])
-    torch.testing.assert_close(total.cpu(), reference_total(tensors, ord), **TOL[torch.float32])
+    # complex32's norm rounded to float16 decides the total where it holds the largest |z| (order inf: 3.1152 where
+    # the unrounded total is 3.1145, seed 150)
+    torch.testing.assert_close(total.cpu(), reference_total(tensors, ord, rounded=True), **TOL[torch.float32])
     ours = [torch.nn.Parameter(torch.zeros(s, dtype=torch.complex64, device=device)) for s in [(33, 17), (1000,)]]
     for p in ours:
         p.grad = 3 * torch.randn(p.shape, dtype=torch.complex64, device=device)
@@ -266,7 +281,7 @@ def test_total_norm_against_float64_and_torch(ord, dtype, device):
     theirs = torch.nn.utils.get_total_norm(tensors, ord)
     assert got.dtype == theirs.dtype and got.device == theirs.device and got.shape == ()
     torch.testing.assert_close(got.double().cpu(), reference_total(tensors, ord).to(dtype).double(), **TOL[dtype])
-    torch.testing.assert_close(got.double(), theirs.double(), **TORCH_TOL[dtype])
+    assert_close_to_torch(got, theirs, reference_total(tensors, ord), TORCH_TOL[dtype])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -326,14 +341,14 @@ def test_clip_grad_norm_like_torch(max_norm, ord, dtype, device):
     assert total.dtype == their_total.dtype and total.device == their_total.device
     grads = [b for b in before if b is not None]
     torch.testing.assert_close(total.double().cpu(), reference_total(grads, ord).to(dtype).double(), **TOL[dtype])
-    torch.testing.assert_close(total.double(), their_total.double(), **TORCH_TOL[dtype])
+    assert_close_to_torch(total, their_total, reference_total(grads, ord), TORCH_TOL[dtype])
     coefficient = min(max_norm / (reference_total(grads, ord).item() + 1e-6), 1.0)
     for p, q, b in zip(ours, theirs, before):
         assert (p.grad is None) == (q.grad is None)
         if p.grad is not None:
             want = (b.double() * coefficient).to(dtype).double()
             torch.testing.assert_close(p.grad.double(), want, **TORCH_TOL[dtype])
-            torch.testing.assert_close(p.grad, q.grad, **TORCH_TOL[dtype])
+            assert_close_to_torch(p.grad, q.grad, b.double() * coefficient, TORCH_TOL[dtype])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import torch_reduce
-from conftest import DEVICES, requires_cuda
+from conftest import DEVICES, requires_cuda, seed_torch
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HIDDEN = [1, 7, 32, 33, 768, 1000, 1024, 2048, 4096, 4097, 8192, 12288, 16384, 18432, 32768, 32776]
@@ -99,8 +99,9 @@ def test_16bit_input_float32_params_every_layout(rows, hidden, dtype, with_bias,
 @given(batch=st.lists(st.integers(1, 5), min_size=0, max_size=2),
        normalized=st.lists(st.sampled_from([1, 2, 3, 7, 8, 16, 33, 64]), min_size=1, max_size=3),
        dtype=st.sampled_from(DTYPES), affine=st.booleans(), with_bias=st.booleans(),
-       eps=st.sampled_from([0.0, 1e-5, 1e-2]))
-def test_shapes_drawn(device, batch, normalized, dtype, affine, with_bias, eps):
+       eps=st.sampled_from([0.0, 1e-5, 1e-2]), data=st.data())
+def test_shapes_drawn(device, batch, normalized, dtype, affine, with_bias, eps, data):
+    seed_torch(data)
     x = torch.randn(batch + normalized, device=device).to(dtype)
     if eps == 0.0:  # then var must be well above 0: no single-element rows, no two elements close together
         eps = 1e-5 if math.prod(normalized) == 1 else eps
@@ -492,6 +493,7 @@ def test_norms_drawn_shapes(device, name, dtype, hidden, eps, data):
     rows, waves of more rows than the GPU holds) meets shapes no list names: every norm, plain and fused, with
     float32 parameters beside a 16-bit input or the input's own, aligned or not; the output, the sum, and every
     gradient against float64 (check_norm_grads), eps drawn or the norm's default."""
+    seed_torch(data)
     cap = 2**23 if device == "cuda" else 2**15
     most = max(1, min(70000, cap // hidden))  # drawn integers lean small: the planner's many-row plans need many rows
     rows = data.draw(st.one_of(st.integers(1, most), st.integers(most // 2, most)), label="rows")
