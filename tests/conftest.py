@@ -25,7 +25,7 @@ def fresh_seed(request):
 
 
 def pytest_runtest_makereport(item, call):
-    if call.when == "call" and call.excinfo is not None:
+    if call.when == "call" and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
         for name, value in item.user_properties:
             if name == "seed":
                 print(f"\n[replay with TORCH_REDUCE_SEED={value}]")

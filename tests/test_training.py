@@ -1,7 +1,10 @@
 """Training through torch_reduce.nn.convert_layernorm: 20 AdamW steps of a converted GPT-style decoder give the
 losses and parameters of the unconverted copy (float32, and bf16 autocast); the converter keeps what a model
-relies on: subclasses of nn.LayerNorm with their own forward, hooks, the Parameter objects."""
+relies on: subclasses of nn.LayerNorm with their own forward, hooks, the Parameter objects, and the classes torch
+gives a parametrized or fully sharded norm."""
 import copy
+import subprocess
+import sys
 from contextlib import nullcontext
 
 import pytest
@@ -10,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_reduce
-from conftest import DEVICES, requires_cuda
+import torch.nn.utils.parametrize as parametrize
+from conftest import DEVICES, requires_cuda, subprocess_env
 from op_specs import SELF_CHECK
 from test_models import assert_close_normwise
 from torch_reduce.bench.models import TinyGPT
@@ -187,3 +191,68 @@ def test_same_parameter_objects():
     converted(torch.randn(5, 4)).pow(2).sum().backward()
     optimizer.step()  # the optimizer built on the unconverted model moves the converted model's weight
     assert not torch.equal(converted[1].weight, weight)
+
+
+class _Doubled(nn.Module):
+    def forward(self, weight):
+        return 2 * weight
+
+
+@pytest.mark.skipif(SELF_CHECK, reason="checks our converted classes")
+@pytest.mark.parametrize("converter", ["convert_layernorm", "convert_norms"])
+@pytest.mark.parametrize("norm_class", [nn.LayerNorm, nn.RMSNorm], ids=["LayerNorm", "RMSNorm"])
+def test_parametrized_norms_convert_beneath_torchs_class(norm_class, converter):
+    """A norm parametrized before the conversion keeps parametrize's class outermost, as parametrize reads the
+    class beneath it back: removing the last parametrization (which raised, after it had already written the
+    parametrized weight into the original, so that the module went on with a weight doubled twice) leaves our
+    class with the parametrized weight, as torch leaves its own."""
+    if norm_class is nn.RMSNorm and converter == "convert_layernorm":
+        pytest.skip("convert_layernorm leaves RMSNorm alone")
+    ours_class = getattr(torch_reduce.nn, norm_class.__name__)
+    theirs, ours = norm_class(8), norm_class(8)
+    for norm in (theirs, ours):
+        with torch.no_grad():
+            norm.weight.copy_(torch.linspace(0.5, 1.5, 8))
+        parametrize.register_parametrization(norm, "weight", _Doubled())
+    getattr(torch_reduce.nn, converter)(ours)
+    assert isinstance(ours, ours_class) and issubclass(parametrize.type_before_parametrizations(ours), ours_class)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(ours(x), theirs(x))
+    if hasattr(ours, "bias"):  # a second parametrization on the converted class, removed first
+        parametrize.register_parametrization(ours, "bias", _Doubled())
+        parametrize.remove_parametrizations(ours, "bias", leave_parametrized=False)
+    for norm in (theirs, ours):
+        parametrize.remove_parametrizations(norm, "weight")
+    assert type(theirs) is norm_class and type(ours) is ours_class
+    torch.testing.assert_close(ours.weight, 2 * torch.linspace(0.5, 1.5, 8))
+    torch.testing.assert_close(ours(x), theirs(x))
+
+
+FULLY_SHARD_SCRIPT = """
+import torch, torch.distributed as dist, torch_reduce
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.RMSNorm(8))
+for module in (model[1], model[2], model):
+    fully_shard(module)
+torch_reduce.nn.convert_norms(model)
+for norm, ours in ((model[1], torch_reduce.nn.LayerNorm), (model[2], torch_reduce.nn.RMSNorm)):
+    assert isinstance(norm, ours) and type(norm).__name__.startswith("FSDP"), type(norm).__mro__
+    fresh = type(norm)(8)  # FSDP's __new__ builds the class two places down the MRO: ours
+    assert type(fresh) is ours, type(fresh)
+model(torch.randn(2, 8)).sum().backward()
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(SELF_CHECK, reason="checks our converted classes")
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                    reason="needs torch.distributed with gloo")
+def test_fully_sharded_norms_convert_beneath_fsdps_class():
+    """A norm that fully_shard wrapped itself keeps FSDP's class outermost: FSDPModule.__new__ (type(norm)(...))
+    builds the class two places down the MRO, and found FSDPModule there (an IndexError) with ours in between."""
+    run = subprocess.run([sys.executable, "-c", FULLY_SHARD_SCRIPT], capture_output=True, text=True, timeout=120,
+                         env=subprocess_env(OMP_NUM_THREADS="1"))
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]

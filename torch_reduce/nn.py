@@ -5,8 +5,14 @@ import copy
 import inspect
 
 import torch
+import torch.nn.utils.parametrize
 
 from .functional import _rms_weight, layer_norm, rms_norm
+
+try:
+    from torch.distributed.fsdp import FSDPModule as _FSDPModule
+except ImportError:  # a torch built without torch.distributed
+    _FSDPModule = None
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -91,6 +97,39 @@ def _converted_class(cls: type, torch_class: type, ours: type) -> type | None:
     return _subclass_with_forward(cls, ours.forward)
 
 
+def _wrapped_base(cls: type) -> int | None:
+    """Where the wrapped class sits in ``cls.__bases__`` when torch made ``cls`` around a module's class at run time
+    and reads it back from there, else None: parametrize's Parametrized<Name>, its first base (removing the last
+    parametrization restores it; type_before_parametrizations names it); FSDP2's FSDP<Name>, its second (FSDPModule's
+    __new__ builds the class two places down its MRO)."""
+    getstate = cls.__dict__.get("__getstate__")
+    if getattr(getstate, "__module__", None) == torch.nn.utils.parametrize.__name__:
+        return 0
+    if _FSDPModule is not None and len(cls.__bases__) == 2 and issubclass(cls.__bases__[0], _FSDPModule):
+        return 1
+    return None
+
+
+def _convert_beneath_torchs_classes(cls: type, convert) -> type | None:
+    """``convert(cls)`` (the class a module becomes, or None to leave it) applied to the class that torch's
+    generated classes wrap, which are then made again around the converted class: they must stay outermost. A
+    parametrized class is its module's own (parametrize adds a property to it per tensor), so it is made again for
+    each module; FSDP's are shared, as FSDP shares them."""
+    at = _wrapped_base(cls)
+    if at is None:
+        return convert(cls)
+    if at == 1 and cls in _CONVERTED_SUBCLASSES:
+        return _CONVERTED_SUBCLASSES[cls]
+    inner = _convert_beneath_torchs_classes(cls.__bases__[at], convert)
+    if inner is None:
+        return None
+    namespace = {key: value for key, value in cls.__dict__.items() if key not in ("__dict__", "__weakref__")}
+    remade = type(cls.__name__, cls.__bases__[:at] + (inner,) + cls.__bases__[at + 1:], namespace)
+    if at == 1:
+        _CONVERTED_SUBCLASSES[cls] = remade
+    return remade
+
+
 def _takes_one_tensor(forward) -> bool:
     """Whether ``forward(self, x)`` is all a forward takes: ours takes nothing more, so a module whose forward has
     other parameters (a residual, a mask, ``*args``) keeps its own."""
@@ -145,7 +184,8 @@ def convert_layernorm(module: torch.nn.Module) -> torch.nn.Module:
     own are left alone (see ``_converted_class``).
     """
     for child in module.modules():
-        cls = _converted_class(type(child), torch.nn.LayerNorm, LayerNorm)
+        cls = _convert_beneath_torchs_classes(type(child),
+                                              lambda c: _converted_class(c, torch.nn.LayerNorm, LayerNorm))
         if cls is not None:
             child.__class__ = cls
     return module
@@ -159,11 +199,12 @@ def convert_norms(module: torch.nn.Module) -> torch.nn.Module:
     keeps its identity, Parameter objects, hooks and attributes; only its class changes.
     """
     for child in module.modules():
-        cls = type(child)
-        converted = (_converted_class(cls, torch.nn.LayerNorm, LayerNorm)
-                     or _converted_class(cls, torch.nn.RMSNorm, RMSNorm))
-        if converted is None and _is_transformers_rms_norm(child):
-            converted = _subclass_with_forward(cls, _transformers_rms_norm_forward)
-        if converted is not None:
-            child.__class__ = converted
+        def converted(cls, child=child):
+            return (_converted_class(cls, torch.nn.LayerNorm, LayerNorm)
+                    or _converted_class(cls, torch.nn.RMSNorm, RMSNorm)
+                    or (_subclass_with_forward(cls, _transformers_rms_norm_forward)
+                        if _is_transformers_rms_norm(child) else None))
+        cls = _convert_beneath_torchs_classes(type(child), converted)
+        if cls is not None:
+            child.__class__ = cls
     return module
