@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from . import _C
+from ._after_import import after_import
 
 # Read directly by the entry points: neither has a __torch_function__ of its own.
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -43,10 +44,14 @@ def setup(wrappers: dict[str, Callable]) -> None:
 
 
 def install(wrappers: dict[str, Callable]) -> dict[str, Callable]:
-    """The entry points of these wrappers, keyed by name, set up and known to torch.compile."""
+    """The entry points of these wrappers, keyed by name, set up and known to torch.compile (once TorchDynamo is
+    imported: importing it takes a second, and it imports DTensor)."""
     setup(wrappers)
-    entries = {}
-    for name, wrapper in wrappers.items():
-        entries[name] = getattr(_C, name)
-        torch.compiler.substitute_in_graph(entries[name], skip_signature_check=True)(wrapper)
+    entries = {name: getattr(_C, name) for name in wrappers}
+
+    def substitute():
+        for name, wrapper in wrappers.items():
+            torch.compiler.substitute_in_graph(entries[name], skip_signature_check=True)(wrapper)
+
+    after_import("torch._dynamo", substitute)
     return entries

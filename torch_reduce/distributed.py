@@ -13,10 +13,8 @@ as soon as torch.distributed.tensor is imported (torch_reduce/dtensor.py says wh
 from __future__ import annotations
 
 import builtins
-import importlib.abc
-import importlib.util
+import importlib
 import math
-import sys
 import warnings
 from numbers import Number
 from typing import Optional, Sequence, Union
@@ -25,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from . import functional, reductions
+from ._after_import import after_import
 
 __all__ = ["sum", "var_mean"]
 
@@ -209,27 +208,6 @@ def _variance(count: torch.Tensor, m2: torch.Tensor, correction: Optional[Number
 # -------------------------------------------------------------------------------------- DTensor rules ----
 
 
-class _RegisterDTensorRulesOnImport(importlib.abc.MetaPathFinder):
-    """Runs torch_reduce.dtensor (which registers the rules) right after torch.distributed.tensor is imported.
-
-    Importing DTensor takes seconds, so ``import torch_reduce`` does not do it; a program that makes DTensors
-    imports it, and its DTensors meet our ops only after that import."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != "torch.distributed.tensor":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)  # the spec the usual finders give
-        load_dtensor = spec.loader.exec_module
-
-        def load_dtensor_then_register(module):
-            load_dtensor(module)
-            _register_dtensor_rules()
-
-        spec.loader.exec_module = load_dtensor_then_register  # this spec's own loader object
-        return spec
-
-
 def _register_dtensor_rules() -> None:
     try:
         importlib.import_module(".dtensor", __package__)
@@ -237,8 +215,5 @@ def _register_dtensor_rules() -> None:
         warnings.warn(f"torch_reduce: DTensor rules not registered ({type(e).__name__}: {e})", stacklevel=2)
 
 
-if dist.is_available():
-    if "torch.distributed.tensor" in sys.modules:
-        _register_dtensor_rules()
-    else:
-        sys.meta_path.insert(0, _RegisterDTensorRulesOnImport())
+if dist.is_available():  # importing DTensor takes seconds; a program that makes DTensors imports it
+    after_import("torch.distributed.tensor", _register_dtensor_rules)

@@ -3,16 +3,12 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 
 import torch
 import torch.nn.utils.parametrize
 
 from .functional import _rms_weight, layer_norm, rms_norm
-
-try:
-    from torch.distributed.fsdp import FSDPModule as _FSDPModule
-except ImportError:  # a torch built without torch.distributed
-    _FSDPModule = None
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -105,7 +101,8 @@ def _wrapped_base(cls: type) -> int | None:
     getstate = cls.__dict__.get("__getstate__")
     if getattr(getstate, "__module__", None) == torch.nn.utils.parametrize.__name__:
         return 0
-    if _FSDPModule is not None and len(cls.__bases__) == 2 and issubclass(cls.__bases__[0], _FSDPModule):
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported here: it imports DTensor, which takes seconds
+    if fsdp is not None and len(cls.__bases__) == 2 and issubclass(cls.__bases__[0], fsdp.FSDPModule):
         return 1
     return None
 
