@@ -242,6 +242,11 @@ for norm, ours in ((model[1], torch_reduce.nn.LayerNorm), (model[2], torch_reduc
     fresh = type(norm)(8)  # FSDP's __new__ builds the class two places down the MRO: ours
     assert type(fresh) is ours, type(fresh)
 model(torch.randn(2, 8)).sum().backward()
+other = nn.Sequential(nn.LayerNorm(8), nn.RMSNorm(8))  # FSDP's classes again: convert_layernorm leaves RMSNorm
+for module in (other[0], other[1], other):
+    fully_shard(module)
+torch_reduce.nn.convert_layernorm(other)
+assert isinstance(other[0], torch_reduce.nn.LayerNorm) and not isinstance(other[1], torch_reduce.nn.RMSNorm)
 dist.destroy_process_group()
 print("ok")
 """

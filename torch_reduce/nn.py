@@ -51,6 +51,7 @@ def _transformers_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.T
 
 
 _CONVERTED_SUBCLASSES: dict[type, type] = {}
+_REMADE_FSDP_CLASSES: dict[tuple[type, type], type] = {}  # (FSDP's class, the converted class beneath it)
 # The forwards a converted subclass may have, by the name its pickles give them.
 _FORWARDS = {"layer_norm": LayerNorm.forward, "rms_norm": RMSNorm.forward,
              "transformers_rms_norm": _transformers_rms_norm_forward}
@@ -101,8 +102,9 @@ def _wrapped_base(cls: type) -> int | None:
     getstate = cls.__dict__.get("__getstate__")
     if getattr(getstate, "__module__", None) == torch.nn.utils.parametrize.__name__:
         return 0
-    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported here: it imports DTensor, which takes seconds
-    if fsdp is not None and len(cls.__bases__) == 2 and issubclass(cls.__bases__[0], fsdp.FSDPModule):
+    # not imported here: it imports DTensor, which takes seconds
+    fsdp_module = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    if fsdp_module is not None and len(cls.__bases__) == 2 and issubclass(cls.__bases__[0], fsdp_module):
         return 1
     return None
 
@@ -115,15 +117,15 @@ def _convert_beneath_torchs_classes(cls: type, convert) -> type | None:
     at = _wrapped_base(cls)
     if at is None:
         return convert(cls)
-    if at == 1 and cls in _CONVERTED_SUBCLASSES:
-        return _CONVERTED_SUBCLASSES[cls]
     inner = _convert_beneath_torchs_classes(cls.__bases__[at], convert)
     if inner is None:
         return None
+    if at == 1 and (cls, inner) in _REMADE_FSDP_CLASSES:
+        return _REMADE_FSDP_CLASSES[cls, inner]
     namespace = {key: value for key, value in cls.__dict__.items() if key not in ("__dict__", "__weakref__")}
     remade = type(cls.__name__, cls.__bases__[:at] + (inner,) + cls.__bases__[at + 1:], namespace)
     if at == 1:
-        _CONVERTED_SUBCLASSES[cls] = remade
+        _REMADE_FSDP_CLASSES[cls, inner] = remade
     return remade
 
 
