@@ -586,12 +586,15 @@ def test_one_element_tensors_beyond_the_range_like_torch(ord, dtype, device):
 
 
 def test_foreach_norm_arguments_as_torch_takes_them():
-    """A tuple back; a tensor for the list (whose rows would iterate as one) and a bool order refused, as torch's."""
+    """A tuple back; a list or a tuple taken, anything else (a tensor, whose rows would iterate as one; a generator)
+    and a bool order refused, as torch's."""
     x = torch.randn(2, 3)
     assert type(torch_reduce.foreach_norm([x, x[0]])) is type(torch._foreach_norm([x, x[0]])) is tuple
     for call in (torch._foreach_norm, torch_reduce.foreach_norm):
-        with pytest.raises(TypeError, match="must be tuple of Tensors, not Tensor"):
-            call(x)
+        torch.testing.assert_close(call((x, x[0])), torch._foreach_norm([x, x[0]]))
+        for not_a_list, name in ((x, "Tensor"), ((t for t in [x]), "generator"), (iter([x]), "list_iterator")):
+            with pytest.raises(TypeError, match=f"must be tuple of Tensors, not {name}$"):
+                call(not_a_list)
         with pytest.raises(RuntimeError, match="expects ord to be"):
             call([x], True)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import types
 import warnings
-from typing import Iterable, Optional, Union
+from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -21,13 +21,14 @@ from .reductions import _dtype, _number
 _Tensors = Union[torch.Tensor, Iterable[torch.Tensor]]
 
 
-def foreach_norm(tensors: Iterable[torch.Tensor], ord: float = 2, dtype: Optional[torch.dtype] = None
+def foreach_norm(tensors: Sequence[torch.Tensor], ord: float = 2, dtype: Optional[torch.dtype] = None
                  ) -> tuple[torch.Tensor, ...]:
     """torch._foreach_norm: each tensor's vector norm of order ``ord`` (0, 1, 2, inf, -inf or any float), a 0-dim
     tensor in ``dtype`` (a floating dtype the tensor's reaches without narrowing), else in the tensor's dtype; a
     tuple, as torch's. Differentiable (torch's gradients). An empty list raises, as torch's does."""
-    if isinstance(tensors, torch.Tensor):  # iterating it would take its rows for the list
-        raise TypeError("_foreach_norm(): argument 'self' (position 1) must be tuple of Tensors, not Tensor")
+    if not isinstance(tensors, (list, tuple)):  # torch's: a Tensor would iterate as its rows, a generator once
+        raise TypeError("_foreach_norm(): argument 'self' (position 1) must be tuple of Tensors, not "
+                        f"{type(tensors).__name__}")
     tensors = list(tensors)
     if len(tensors) == 0:  # the op cannot dispatch without a tensor
         raise RuntimeError("Tensor list must have at least one tensor.")
