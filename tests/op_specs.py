@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -360,6 +361,11 @@ def reduction_error_inputs(name):
         # A bool or a float is not a dim (the op's schema would read True as 1).
         for dim in (True, [True], 1.0):
             yield ErrorInput((x, dim), {}, TypeError, "must be tuple of ints", ours_message=True)
+        # A C type is named with its module, as torch's parser names it (numpy's bool is not Python's bool).
+        yield ErrorInput((x, 1), {"keepdim": np.bool_(True)}, TypeError, "'keepdim' must be bool, not numpy\\.bool_?$",
+                         ours_message=True)
+        yield ErrorInput((x, np.float64(1.0)), {}, TypeError, "must be tuple of ints, not numpy\\.float64$",
+                         ours_message=True)
         if name in ("sum", "mean"):  # a dtype's name is not a dtype (the op's schema would raise a RuntimeError)
             yield ErrorInput((x, 1), {"dtype": "float64"}, TypeError, "argument 'dtype' must be torch.dtype",
                              ours_message=True)
@@ -391,6 +397,8 @@ def var_mean_error_inputs(device):
     yield ErrorInput((x, (1, -1)), {}, RuntimeError, "appears multiple times")
     yield ErrorInput((x, [True]), {}, TypeError, "must be tuple of ints", ours_message=True)
     yield ErrorInput((x, 1.0), {}, TypeError, "must be tuple of ints", ours_message=True)
+    yield ErrorInput((x, 1), {"keepdim": np.bool_(True)}, TypeError, "'keepdim' must be bool, not numpy\\.bool_?$",
+                     ours_message=True)
     yield ErrorInput((x, 1), {"correction": "1"}, TypeError, "argument 'correction' must be Number", ours_message=True)
 
 

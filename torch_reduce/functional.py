@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _entry_points
-from .reductions import _bool, _dims, _input, _number, with_numpy_names
+from .reductions import _bool, _dims, _input, _number, _type_name, with_numpy_names
 
 _Dims = Union[int, Sequence[int], None]
 _NOT_GIVEN = object()
@@ -60,7 +60,7 @@ def _tensor(name: str, value, argument: str, optional: bool = True):
     """A tensor argument (weight, bias: optional; residual), with torch's TypeError for anything else."""
     if isinstance(value, torch.Tensor) or (value is None and optional):
         return value
-    raise TypeError(f"{name}(): argument '{argument}' must be Tensor, not {type(value).__name__}")
+    raise TypeError(f"{name}(): argument '{argument}' must be Tensor, not {_type_name(value)}")
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[torch.Tensor] = None,

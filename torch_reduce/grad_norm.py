@@ -16,7 +16,7 @@ from typing import Iterable, Optional, Sequence, Union
 import torch
 
 from . import _entry_points
-from .reductions import _dtype, _number
+from .reductions import _dtype, _number, _type_name
 
 _Tensors = Union[torch.Tensor, Iterable[torch.Tensor]]
 
@@ -28,7 +28,7 @@ def foreach_norm(tensors: Sequence[torch.Tensor], ord: float = 2, dtype: Optiona
     tuple, as torch's. Differentiable (torch's gradients). An empty list raises, as torch's does."""
     if not isinstance(tensors, (list, tuple)):  # torch's: a Tensor would iterate as its rows, a generator once
         raise TypeError("_foreach_norm(): argument 'self' (position 1) must be tuple of Tensors, not "
-                        f"{type(tensors).__name__}")
+                        f"{_type_name(tensors)}")
     tensors = list(tensors)
     if len(tensors) == 0:  # the op cannot dispatch without a tensor
         raise RuntimeError("Tensor list must have at least one tensor.")
@@ -73,7 +73,7 @@ def clip_grads_with_norm_(parameters: _Tensors, max_norm: float, total_norm: tor
     """torch.nn.utils.clip_grads_with_norm_: each gradient times clamp(max_norm / (total_norm + 1e-6), max=1), in
     place, the coefficient computed on the device."""
     if not isinstance(total_norm, torch.Tensor):  # torch's clamp of it raises a TypeError too
-        raise TypeError(f"clip_grads_with_norm_(): total_norm must be a Tensor, not {type(total_norm).__name__}")
+        raise TypeError(f"clip_grads_with_norm_(): total_norm must be a Tensor, not {_type_name(total_norm)}")
     if total_norm.is_complex():
         raise NotImplementedError("clamp is not supported for complex types")  # torch's clamp of the coefficient
     if not total_norm.is_floating_point():  # torch's total_norm + 1e-6: the default dtype

@@ -77,6 +77,18 @@ def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Calla
 _INT64S, _SCALAR_INTS = range(-2**63, 2**63), range(-2**63, 2**64)
 
 
+def _type_name(value) -> str:
+    """A value's type as torch's argument errors name it (the C type's tp_name): a class defined in Python by its
+    name alone, a C type outside builtins with its module (numpy.bool, torch.Size)."""
+    cls = type(value)
+    if cls.__flags__ & _HEAP_TYPE or cls.__module__ == "builtins":
+        return cls.__name__
+    return f"{cls.__module__}.{cls.__name__}"
+
+
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement's type, whose tp_name is its bare name
+
+
 def _number(name: str, value, argument: str, kind: str = "Number", optional: bool = True):
     """A number as the op's schema takes it (vector_norm's ord, var_mean's correction, the norms' eps): a 0-dim tensor
     or a numpy scalar becomes its Python number, as torch's argument parser takes them for a Scalar; anything else that
@@ -88,13 +100,13 @@ def _number(name: str, value, argument: str, kind: str = "Number", optional: boo
         raise OverflowError("int too big to convert" if value > 0 else "can't convert negative int to unsigned")
     if isinstance(value, numbers.Number) or (value is None and optional):
         return value
-    raise TypeError(f"{name}(): argument '{argument}' must be {kind}, not {type(value).__name__}")
+    raise TypeError(f"{name}(): argument '{argument}' must be {kind}, not {_type_name(value)}")
 
 
 def _dtype(name: str, value):
     """dtype=: None or a torch.dtype, with torch's TypeError for anything else."""
     if value is not None and not isinstance(value, torch.dtype):
-        raise TypeError(f"{name}(): argument 'dtype' must be torch.dtype, not {type(value).__name__}")
+        raise TypeError(f"{name}(): argument 'dtype' must be torch.dtype, not {_type_name(value)}")
     return value
 
 
@@ -107,7 +119,7 @@ def _dims(name: str, dim, argument: str = "dim"):
         return None
     if not isinstance(dim, (tuple, list)):
         if isinstance(dim, bool) or not hasattr(type(dim), "__index__"):
-            raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, not {type(dim).__name__}")
+            raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, not {_type_name(dim)}")
         if (index := operator.index(dim)) not in _INT64S:
             raise ValueError("Overflow when unpacking long long")
         return index
@@ -115,7 +127,7 @@ def _dims(name: str, dim, argument: str = "dim"):
     for pos, d in enumerate(dim):
         if (pos == 0 and isinstance(d, bool)) or not hasattr(type(d), "__index__"):
             raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, but found element of type "
-                            f"{type(d).__name__} at pos {pos}")
+                            f"{_type_name(d)} at pos {pos}")
         if (index := operator.index(d)) not in _INT64S:
             raise TypeError(f"{name}(): argument '{argument}' failed to unpack the object at pos {pos + 1} with error "
                             '"Overflow when unpacking long long"')
@@ -127,7 +139,7 @@ def _input(name: str, value, argument: str = "input"):
     """The tensor an op reduces, with torch's TypeError for anything that is neither a tensor nor tensor-like (a
     __torch_function__ type, which the op's call hands to it); the op's schema would raise a RuntimeError."""
     if not torch.overrides.is_tensor_like(value):
-        raise TypeError(f"{name}(): argument '{argument}' (position 1) must be Tensor, not {type(value).__name__}")
+        raise TypeError(f"{name}(): argument '{argument}' (position 1) must be Tensor, not {_type_name(value)}")
     return value
 
 
@@ -135,7 +147,7 @@ def _bool(name: str, value, argument: str = "keepdim") -> bool:
     """A bool argument (keepdim, unbiased) as torch's argument parser takes it: a Python bool alone (0, 1, None and
     numpy's bool raise its TypeError, where the op's schema would read them as bools)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name}(): argument '{argument}' must be bool, not {type(value).__name__}")
+        raise TypeError(f"{name}(): argument '{argument}' must be bool, not {_type_name(value)}")
     return value
 
 
