@@ -166,11 +166,11 @@ void check_norm_bwd(const at::Tensor& grad_out, const at::Tensor& input, const a
               grad_out.sizes(), " and ", grad_out.scalar_type());
   const auto stat_type = stat_scalar_type(input.scalar_type());
   if (mean.defined()) {
-    TORCH_CHECK(mean.numel() == s.rows && rstd.numel() == s.rows && mean.scalar_type() == stat_type &&
+    TORCH_CHECK(mean.sym_numel() == s.rows && rstd.sym_numel() == s.rows && mean.scalar_type() == stat_type &&
                     rstd.scalar_type() == stat_type,
                 op, ": mean and rstd must be layer_norm_fwd's (", s.rows, " elements of ", stat_type, ")");
   } else {
-    TORCH_CHECK(rstd.numel() == s.rows && rstd.scalar_type() == stat_type, op, ": rstd must be rms_norm_fwd's (",
+    TORCH_CHECK(rstd.sym_numel() == s.rows && rstd.scalar_type() == stat_type, op, ": rstd must be rms_norm_fwd's (",
                 s.rows, " elements of ", stat_type, ")");
   }
 }

@@ -627,20 +627,44 @@ def test_opcheck_new_dtypes():
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph(device):
     """The fake kernels give the new dtypes' shapes and dtypes; out= (of the right shape: dynamo does not resize
-    graph inputs, for torch.sum either) and dim=None trace in the wrappers."""
+    graph inputs, for torch.sum either; its dtype rules in Python that dynamo traces) and dim=None trace in the
+    wrappers."""
     z = torch.randn(5, 7, dtype=torch.complex64, device=device)
     u = wide_unsigned((5, 7), torch.uint16, device)
     x = torch.randn(4, 3, device=device)
-    fn = torch.compile(lambda z, u, x, o: (torch_reduce.sum(z, 1), torch_reduce.mean(z), torch_reduce.sum(u, 0),
-                                           torch_reduce.amax(x, None), torch_reduce.sum(x, 1, out=o)), fullgraph=True)
-    o = torch.empty(4, device=device)
-    got = fn(z, u, x, o)
-    want = (z.sum(1), z.mean(), u.cpu().sum(0).to(device), x.amax(), x.sum(1))
+    fn = torch.compile(lambda z, u, x, o, m, n: (
+        torch_reduce.sum(z, 1), torch_reduce.mean(z), torch_reduce.sum(u, 0), torch_reduce.amax(x, None),
+        torch_reduce.sum(x, 1, out=o), torch_reduce.mean(x, 1, out=m), torch_reduce.vector_norm(z, 2, 1, out=n)),
+        fullgraph=True)
+    outs = (torch.empty(4, device=device), torch.empty(4, device=device, dtype=torch.float64),
+            torch.empty(5, device=device))
+    got = fn(z, u, x, *outs)
+    want = (z.sum(1), z.mean(), u.cpu().sum(0).to(device), x.amax(), x.sum(1), x.mean(1).double(),
+            torch.linalg.vector_norm(z, 2, 1))
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w)
-    assert got[4].data_ptr() == o.data_ptr()
-    torch.testing.assert_close(o, want[4])
+    for g, o in zip(got[4:], outs):
+        assert g.data_ptr() == o.data_ptr()
+
+
+def test_dtype_rules_as_torchs():
+    """The dtype rules the wrappers compute in Python (TorchDynamo cannot trace torch's: they return no tensor)
+    give torch.result_type's, torch.can_cast's and dtype.to_real's answers for every pair of dtypes."""
+    from torch_reduce.ops import _can_cast, _real_dtype, _result_type
+    dtypes = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+              torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128]
+    for a in dtypes:
+        assert _real_dtype(a) == a.to_real()
+        for b in dtypes:
+            assert _can_cast(a, b) == torch.can_cast(a, b), (a, b)
+            for a_shape, b_shape in [((2,), ()), ((), (2,)), ((2,), (2,)), ((), ())]:
+                x, y = torch.zeros(a_shape, dtype=a), torch.zeros(b_shape, dtype=b)
+                try:
+                    want = torch.result_type(x, y)
+                except RuntimeError:
+                    continue
+                assert _result_type(x, y) == want, (a, a_shape, b, b_shape)
 
 
 # ----------------------------------------------------------------------------------------- sparse ----

@@ -163,6 +163,54 @@ def test_opcheck_backward_masks(device, dtype):
         torch.library.opcheck(torch.ops.reduce.layer_norm_bwd.default, (dy, x, [2, 40], mean, rstd, w, b, mask))
     torch.library.opcheck(torch.ops.reduce.layer_norm_bwd.default,
                           (dy, x, [2, 40], mean, rstd, None, None, [True, True, True]))
+    # Inputs that require grad: the backward's own autograd (double backward) traced with symbolic sizes too.
+    leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in (dy, x, mean, rstd, w, b)]
+    dy, x, mean, rstd, w, b = leaves
+    torch.library.opcheck(torch.ops.reduce.layer_norm_bwd.default, (dy, x, [2, 40], mean, rstd, w, b, [True] * 3))
+    torch.library.opcheck(torch.ops.reduce.rms_norm_bwd.default, (dy, x, [2, 40], rstd, w, [True] * 2))
+
+
+NORMS = {"layer_norm": lambda x: torch_reduce.layer_norm(x, x.shape[-1:]),
+         "rms_norm": lambda x: torch_reduce.rms_norm(x, x.shape[-1:]),
+         "add_layer_norm": lambda x: torch_reduce.add_layer_norm(x, x, x.shape[-1:])[0],
+         "add_rms_norm": lambda x: torch_reduce.add_rms_norm(x, x, x.shape[-1:])[0]}
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_compile_dynamic_over_hidden_sizes(name):
+    """torch.compile(dynamic=True) of a norm over x.shape[-1:]: one graph for every hidden size, as torch's
+    (a size read as an int made the graph hold it: a recompile per size, then the recompile limit)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(NORMS[name], dynamic=True, fullgraph=True, backend=backend)
+    for hidden in range(5, 15):
+        x = torch.randn(3, hidden, dtype=torch.float64)
+        torch.testing.assert_close(compiled(x), NORMS[name](x))
+    assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_double_backward_traces_with_symbolic_sizes(norm):
+    """make_fx with symbolic sizes through a gradient penalty: the backward's checks read the statistics' sizes
+    symbolically."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    op = getattr(torch_reduce, norm)
+
+    def penalty(x, w):
+        y = op(x, (5,), w)
+        gx, = torch.autograd.grad((y ** 3).sum(), x, create_graph=True)
+        return torch.autograd.grad((gx ** 2).sum(), (x, w))
+
+    x, w = torch.randn(3, 5, dtype=torch.float64, requires_grad=True), torch.randn(5, dtype=torch.float64,
+                                                                                  requires_grad=True)
+    traced = make_fx(penalty, tracing_mode="symbolic")(x, w)
+    for got, want in zip(traced(x, w), penalty(x, w)):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -24,13 +24,12 @@ import torch.distributed as dist
 
 from . import functional, reductions
 from ._after_import import after_import
+from .ops import _real_dtype
 
 __all__ = ["sum", "var_mean"]
 
 Dims = Union[int, Sequence[int], None]
 _HALF_FLOATS = (torch.float16, torch.bfloat16)
-# dtype.to_real(), as torch.compile traces it.
-_REAL_DTYPES = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 
 def sum(input: torch.Tensor, dim: Dims = None, keepdim: bool = False, *,  # noqa: A001  (torch's name)
@@ -59,7 +58,7 @@ def var_mean(input: torch.Tensor, dim: Dims = None, *, correction: Optional[Numb
         header = _call_header("var_mean", input, dims)
         count, mean, m2 = _fold_moments(*_all_gather_moments(*_local_moments(input, dims), group, header))
         var = _variance(count, m2, correction)
-    var, mean = var.to(_REAL_DTYPES.get(input.dtype, input.dtype)), mean.to(input.dtype)  # a complex's var is real
+    var, mean = var.to(_real_dtype(input.dtype)), mean.to(input.dtype)  # a complex's var is real
     return (var, mean) if keepdim else (var.squeeze(dims), mean.squeeze(dims))
 
 

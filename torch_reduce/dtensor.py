@@ -53,7 +53,7 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from . import distributed
-from .ops import _reduced_dims, bound_arguments, op_name
+from .ops import _real_dtype, _reduced_dims, bound_arguments, op_name
 
 _PARTIAL_OF_REDUCED_SHARD = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "prod": "product"}
 
@@ -158,7 +158,7 @@ def _var_mean_rule(cls, func, types, args, kwargs):
                 group = x.device_mesh.get_group(mesh_dim)
                 moments = distributed._fold_moments(*distributed._all_gather_moments(*moments, group))
         count, mean, m2 = moments
-        var = distributed._variance(count, m2, a["correction"]).to(x.dtype.to_real())
+        var = distributed._variance(count, m2, a["correction"]).to(_real_dtype(x.dtype))
         mean = mean.to(x.dtype)
         if not keepdim:
             var, mean = var.squeeze(dims), mean.squeeze(dims)

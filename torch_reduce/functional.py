@@ -9,6 +9,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _entry_points
+from .ops import _result_type
 from .reductions import _bool, _dims, _input, _number, _type_name, with_numpy_names
 
 _Dims = Union[int, Sequence[int], None]
@@ -101,15 +102,20 @@ def rms_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]], w
 
 
 def _summands(name: str, input: torch.Tensor, residual) -> tuple[torch.Tensor, torch.Tensor]:
-    """input and residual as torch's ``input + residual`` takes them: broadcast to one shape (expanded views) and
-    promoted to one dtype, since the fused kernels read one of each. A dtype that differs costs a cast first (one
-    more pass over that input): e.g. a 16-bit projection's output beside a float32 residual stream under autocast,
-    whose sum torch also computes in float32, so the bits are the same."""
+    """input and residual as torch's ``input + residual`` takes them: on one device, broadcast to one shape
+    (expanded views) and promoted to one dtype, since the fused kernels read one of each. A dtype that differs costs
+    a cast first (one more pass over that input): e.g. a 16-bit projection's output beside a float32 residual stream
+    under autocast, whose sum torch also computes in float32, so the bits are the same."""
     input, residual = _input(name, input), _tensor(name, residual, "residual", optional=False)
     if input.is_nested or residual.is_nested:
         return input, residual  # a jagged pair must share its structure (torch_reduce/nested.py checks it)
+    if input.device != residual.device:  # a 0-dim CPU tensor joins the other's device, as in torch's x + r
+        if residual.dim() == 0 and residual.device.type == "cpu":
+            residual = residual.to(input.device)
+        elif input.dim() == 0 and input.device.type == "cpu":
+            input = input.to(residual.device)
     if input.dtype != residual.dtype:  # before broadcasting: a 0-dim residual does not promote a dimensioned input
-        dtype = torch.result_type(input, residual)
+        dtype = _result_type(input, residual)
         input, residual = input.to(dtype), residual.to(dtype)
     if input.shape != residual.shape:
         shape = torch.broadcast_shapes(input.shape, residual.shape)

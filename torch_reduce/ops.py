@@ -57,6 +57,45 @@ _REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8
 _COMPLEX = (torch.complex64, torch.complex128)  # sum, mean, prod and vector_norm (which takes complex32 too)
 
 
+# dtype rules in Python that torch.compile traces (TorchDynamo cannot trace dtype.to_real, torch.can_cast or
+# torch.result_type: they return no tensor).
+_REAL_DTYPES = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+_COMPLEX_DTYPES = {real: complex for complex, real in _REAL_DTYPES.items()}
+if hasattr(torch, "bcomplex32"):
+    _COMPLEX_DTYPES[torch.bfloat16] = torch.bcomplex32
+
+
+def _real_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype.to_real()."""
+    return _REAL_DTYPES.get(dtype, dtype)
+
+
+def _kind(dtype: torch.dtype) -> int:
+    return 3 if dtype.is_complex else 2 if dtype.is_floating_point else 0 if dtype == torch.bool else 1
+
+
+def _can_cast(source: torch.dtype, target: torch.dtype) -> bool:
+    """torch.can_cast: no cast to a lower kind (complex > floating > integral > bool)."""
+    return _kind(source) <= _kind(target)
+
+
+def _result_type(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
+    """torch.result_type(a, b) of two tensors: a 0-dim tensor beside a dimensioned one counts only where its kind is
+    higher (c10's combine_categories)."""
+    if (a.dim() == 0) == (b.dim() == 0):
+        return torch.promote_types(a.dtype, b.dtype)
+    higher, lower = (a.dtype, b.dtype) if b.dim() == 0 else (b.dtype, a.dtype)
+    if higher.is_complex:
+        return higher
+    if lower.is_complex:
+        return _COMPLEX_DTYPES[higher] if higher.is_floating_point else lower
+    if higher.is_floating_point:
+        return higher
+    if higher == torch.bool or lower.is_floating_point:
+        return torch.promote_types(higher, lower)
+    return higher
+
+
 def _c10_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     return _C10_NAMES.get(dtype, name[:1].upper() + name[1:])  # float8_e4m3fn: Float8_e4m3fn
@@ -140,7 +179,7 @@ def _result_dtype(name: str, t: torch.Tensor, dtype) -> torch.dtype:
         return out
     if name == "vector_norm":
         _check_vector_norm_dtypes(t.dtype, dtype)
-        return (dtype or t.dtype).to_real()  # a complex input's norm is real
+        return _real_dtype(dtype or t.dtype)  # a complex input's norm is real
     return t.dtype
 
 
@@ -422,7 +461,7 @@ def _foreach_norm_fake(tensors, ord=2.0, dtype=None):
     _check_norm_list(tensors, ord, dtype)
     real = [t for t in tensors if _real(t)]
     norms = iter(torch.ops.reduce.foreach_norm(real, ord, dtype) if real else [])
-    return [next(norms) if _real(t) else t.new_empty((), dtype=(dtype or t.dtype).to_real()) for t in tensors]
+    return [next(norms) if _real(t) else t.new_empty((), dtype=_real_dtype(dtype or t.dtype)) for t in tensors]
 
 
 @torch.library.register_fake("reduce::total_norm")
@@ -430,9 +469,9 @@ def _total_norm_fake(tensors, ord=2.0):
     _check_norm_list(tensors, ord, None)
     if _real(tensors[0]):  # torch stacks each device's norm on the first tensor's device
         raise NotImplementedError(_NO_DATA)
-    result_dtype = tensors[0].dtype.to_real()
+    result_dtype = _real_dtype(tensors[0].dtype)
     for t in tensors:
-        result_dtype = torch.promote_types(result_dtype, t.dtype.to_real())
+        result_dtype = torch.promote_types(result_dtype, _real_dtype(t.dtype))
     return tensors[0].new_empty((), dtype=result_dtype)
 
 

@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from . import _entry_points
-from .ops import DIM_REDUCTIONS, DimReduction, _c10_name, _result_dtype
+from .ops import DIM_REDUCTIONS, DimReduction, _c10_name, _can_cast, _result_dtype
 
 Dims = Union[int, Sequence[int], None]
 
@@ -57,7 +57,7 @@ def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Calla
             raise _out_dtype_error(dtype, out.dtype)
         if name == "vector_norm" and out.dtype != own:  # the result's dtype: dtype='s, made real
             raise _out_dtype_error(own, out.dtype)
-        if name == "mean" and not torch.can_cast(own, out.dtype):
+        if name == "mean" and not _can_cast(own, out.dtype):
             raise RuntimeError(f"result type {_c10_name(own)} can't be cast to the desired output type "
                                f"{_c10_name(out.dtype)}")
         # vector_norm's out has its result's (real) dtype; its dtype= (a complex input's is complex) stays the call's
@@ -74,7 +74,18 @@ def _write_out(name: str, input: torch.Tensor, out: torch.Tensor, compute: Calla
 
 
 # The ints torch's argument parser takes: a dim or a size an int64, a Scalar (an order, a correction) also a uint64.
-_INT64S, _SCALAR_INTS = range(-2**63, 2**63), range(-2**63, 2**64)
+_SCALAR_INTS = range(-2**63, 2**64)
+
+
+def _index(value):
+    """An int as torch's parser takes it (numpy's, a 0-dim integer tensor: operator.index). A size that
+    torch.compile traces (a SymInt, which TorchDynamo also calls an int) stays symbolic: operator.index, or a
+    `range` membership test, would make the compiled code hold only the traced value (a recompile per size)."""
+    return value if type(value) is int or isinstance(value, torch.SymInt) else operator.index(value)
+
+
+def _is_int64(index) -> bool:
+    return -2**63 <= index < 2**63  # comparisons: a symbolic size stays symbolic
 
 
 def _type_name(value) -> str:
@@ -120,7 +131,7 @@ def _dims(name: str, dim, argument: str = "dim"):
     if not isinstance(dim, (tuple, list)):
         if isinstance(dim, bool) or not hasattr(type(dim), "__index__"):
             raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, not {_type_name(dim)}")
-        if (index := operator.index(dim)) not in _INT64S:
+        if not _is_int64(index := _index(dim)):
             raise ValueError("Overflow when unpacking long long")
         return index
     indices = []
@@ -128,7 +139,7 @@ def _dims(name: str, dim, argument: str = "dim"):
         if (pos == 0 and isinstance(d, bool)) or not hasattr(type(d), "__index__"):
             raise TypeError(f"{name}(): argument '{argument}' must be tuple of ints, but found element of type "
                             f"{_type_name(d)} at pos {pos}")
-        if (index := operator.index(d)) not in _INT64S:
+        if not _is_int64(index := _index(d)):
             raise TypeError(f"{name}(): argument '{argument}' failed to unpack the object at pos {pos + 1} with error "
                             '"Overflow when unpacking long long"')
         indices.append(index)
