@@ -4,6 +4,7 @@ torch.nn.RMSNorm, mixed-precision weights, convert_norms on every kind of norm a
 transformers models (Llama: RMSNorm; GPT-2: LayerNorm) converted, against the unconverted ones: logits, every
 parameter's gradient, and 20 AdamW steps, in float32 and under bf16 autocast."""
 import copy
+import inspect
 import os
 import subprocess
 import sys
@@ -160,6 +161,33 @@ def test_fused_add_under_autocast_with_a_float32_residual_stream(name):
         assert_close_normwise(g, h, 1e-2, what)
 
 
+@pytest.mark.parametrize("name", list(FUSED_ADDS))
+def test_fused_add_of_mixed_dtypes_compiles_fullgraph(name):
+    """The promotion of the README's bfloat16 projection beside a float32 residual stream, under
+    torch.compile(fullgraph=True): torch's values and dtypes."""
+    ours_op, _ = FUSED_ADDS[name]
+    x, r, w = torch.randn(4, 40).bfloat16(), torch.randn(4, 40), torch.randn(40)
+    compiled = torch.compile(lambda x, r, w: ours_op(x, r, (40,), w), fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(x, r, w), ours_op(x, r, (40,), w)):
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("name", list(FUSED_ADDS))
+def test_fused_add_takes_a_0dim_cpu_tensor_beside_another_device(name, device):
+    """torch's x + r takes a 0-dim CPU tensor beside a tensor on any device, on either side."""
+    ours_op, torch_norm = FUSED_ADDS[name]
+    x, scalar = torch.randn(3, 40, device=device), torch.tensor(1.5)
+    for args in ((x, scalar), (scalar, x)):
+        y, total = ours_op(*args, (40,))
+        want_total = args[0] + args[1]
+        assert total.device == y.device == x.device and total.shape == want_total.shape
+        if device != "meta":
+            torch.testing.assert_close(total, want_total)
+            torch.testing.assert_close(y, torch_norm(want_total, (40,)))
+
+
 def test_fused_add_refuses_what_torchs_add_refuses():
     for op in (torch_reduce.add_layer_norm, torch_reduce.add_rms_norm):
         with pytest.raises(RuntimeError):
@@ -184,6 +212,35 @@ class LlamaStyleRMSNorm(nn.Module):
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
         return self.weight * hidden_states.to(input_dtype)
+
+
+class Olmo2StyleRMSNorm(LlamaStyleRMSNorm):
+    """transformers' Olmo2RMSNorm: the weight applied in float32, then cast back (the input's dtype)."""
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return (self.weight * hidden_states).to(input_dtype)
+
+
+class T5StyleRMSNorm(LlamaStyleRMSNorm):
+    """T5's (and IdeficsRMSNorm's) rule: cast to a 16-bit weight's dtype, else promote: must be left alone."""
+
+    def forward(self, hidden_states):
+        variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        if self.weight.dtype in [torch.float16, torch.bfloat16]:
+            hidden_states = hidden_states.to(self.weight.dtype)
+        return self.weight * hidden_states
+
+
+class KeywordXRMSNorm(LlamaStyleRMSNorm):
+    """Llama's formula with its argument named ``x`` (as Llama4TextRMSNorm): callable as norm(x=h) once converted."""
+
+    def forward(self, x):
+        return super().forward(x)
 
 
 class GemmaStyleRMSNorm(LlamaStyleRMSNorm):
@@ -374,20 +431,63 @@ def test_convert_norms_on_the_meta_device(device):
     torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
 
 
+STYLE_DTYPES = [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16),
+                (torch.float16, torch.bfloat16), (torch.float64, torch.float64), (torch.float64, torch.float32),
+                (torch.float32, torch.float32)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
-                                    (torch.bfloat16, torch.bfloat16)], ids=["bf16_in", "bf16_weight", "bf16_both"])
-def test_transformers_style_norm_keeps_its_dtypes(dtypes, device):
-    """weight * normalized.to(input dtype): the result has promote(weight, input)'s dtype, as theirs."""
-    x_dtype, w_dtype = dtypes
-    theirs = LlamaStyleRMSNorm(24).to(device=device, dtype=w_dtype)
+@pytest.mark.parametrize("x_dtype, w_dtype", STYLE_DTYPES, ids=str)
+@pytest.mark.parametrize("cls", [LlamaStyleRMSNorm, Olmo2StyleRMSNorm, KeywordXRMSNorm])
+def test_transformers_style_norm_keeps_its_dtypes(cls, x_dtype, w_dtype, device):
+    """Each style's dtype rule (Llama's weight * normalized.to(input dtype): promote(weight, input)'s dtype;
+    Olmo2's (weight * normalized).to(input dtype): the input's), whatever the weight's dtype was at conversion,
+    and its values: within one rounding of the result's dtype (Llama's rule rounds twice), float64 input
+    normalized in float32 as theirs. The argument keeps its name."""
+    theirs = cls(24).to(device=device, dtype=w_dtype)
     with torch.no_grad():
         theirs.weight.normal_(1, 0.3)
     ours = torch_reduce.nn.convert_norms(copy.deepcopy(theirs))
-    x = torch.randn(5, 24, device=device).to(x_dtype)
-    got, want = ours(x), theirs(x)
-    assert got.dtype == want.dtype
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert type(ours) is not cls
+    name = list(inspect.signature(cls.forward).parameters)[1]
+    assert list(inspect.signature(type(ours).forward).parameters)[1] == name
+    for weight_dtype in (w_dtype, torch.float32):  # and after the model's weights changed dtype
+        ours.to(weight_dtype), theirs.to(weight_dtype)
+        x = torch.randn(5, 24, device=device).to(x_dtype)
+        got, want = ours(**{name: x}), theirs(x)
+        assert got.dtype == want.dtype
+        rounded = [torch.float32 if d == torch.float64 else d for d in (x_dtype, weight_dtype, got.dtype)]
+        eps = max(torch.finfo(d).eps for d in rounded)
+        torch.testing.assert_close(got, want, rtol=4 * eps, atol=4 * eps)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_convert_norms_leaves_t5_style_alone(device):
+    """T5's rule casts to a 16-bit weight's dtype: our forwards' dtypes differ there, so it is not converted."""
+    norm = T5StyleRMSNorm(24).to(device)
+    assert type(torch_reduce.nn.convert_norms(norm)) is T5StyleRMSNorm
+
+
+def test_converted_models_trace_with_fx():
+    """torch.fx.symbolic_trace of a converted model (FX treats torch.nn's norms as leaves, not ours): the norms
+    are recorded as calls of our functionals, and the traced module computes what the model does."""
+    model = nn.Sequential(norms_model(), KeywordXRMSNorm(3), Olmo2StyleRMSNorm(3))
+    torch_reduce.nn.convert_norms(model)
+    traced = torch.fx.symbolic_trace(model)
+    called = {node.target.__name__ for node in traced.graph.nodes if node.op == "call_function"}
+    assert {"layer_norm", "rms_norm", "_transformers_rms_norm"} <= called
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
+
+
+def test_converted_rms_norm_takes_torchs_keyword():
+    """nn.RMSNorm's forward names its argument x, nn.LayerNorm's input: converted, they keep the names."""
+    for module in (nn.RMSNorm(8), nn.LayerNorm(8)):
+        name = list(inspect.signature(type(module).forward).parameters)[1]
+        x = torch.randn(2, 8)
+        want = module(**{name: x})
+        torch_reduce.nn.convert_norms(module)
+        torch.testing.assert_close(module(**{name: x}), want)
 
 
 # ------------------------------------------------------------------------------- transformers models ----

@@ -4,8 +4,10 @@ from __future__ import annotations
 import copy
 import inspect
 import sys
+import types
 
 import torch
+import torch.fx
 import torch.nn.utils.parametrize
 
 from .functional import _rms_weight, layer_norm, rms_norm
@@ -25,29 +27,48 @@ class RMSNorm(torch.nn.RMSNorm):
     """torch.nn.RMSNorm with torch_reduce's kernels: the same constructor, parameters, state_dict keys,
     reset_parameters and repr (it is a subclass)."""
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # torch's name: a caller may pass it by keyword
         if torch.jit.is_scripting():  # as LayerNorm's
-            return torch.ops.reduce.rms_norm_fwd(input, self.normalized_shape, _rms_weight(input, self.weight),
-                                                 self.eps)[0]
-        return rms_norm(input, self.normalized_shape, self.weight, self.eps)
+            return torch.ops.reduce.rms_norm_fwd(x, self.normalized_shape, _rms_weight(x, self.weight), self.eps)[0]
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
+
+def _transformers_rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float,
+                           weight_in_float32: bool) -> torch.Tensor:
+    """What transformers' RMSNorm modules compute: normalize in float32, then either cast back to the input's dtype
+    and multiply by the weight (LlamaRMSNorm and its copies: the result has promote(weight, input)'s dtype), or
+    multiply by the weight in float32 and cast the product back (``weight_in_float32``: Olmo2RMSNorm and its copies:
+    the input's dtype). One fused call where the kernel's one rounding is theirs (the Llama rule rounds twice where
+    weight and input are 16-bit: the result may differ in the last bit); else the normalization is fused and the
+    rest is torch's, as there. A float64 input is normalized in float32, as theirs. Autocast does not touch their
+    forward (no op in it casts), so it is off for ours too."""
+    dtype = hidden_states.dtype
+    shape = hidden_states.shape[-1:]
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        mixed = weight_in_float32 and weight.dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16)
+        if dtype != torch.float64 and (weight.dtype == dtype or mixed):
+            return rms_norm(hidden_states, shape, weight, eps)
+        if weight_in_float32:
+            return (weight * rms_norm(hidden_states.to(torch.float32), shape, None, eps)).to(dtype)
+        normalized = rms_norm(hidden_states if dtype != torch.float64 else hidden_states.to(torch.float32), shape,
+                              None, eps)
+        return weight * normalized.to(dtype)
+
+
+# symbolic_trace (FX) records these calls as nodes: our modules are not torch.nn's, so FX traces into their
+# forward, where the functionals' checks cannot read a Proxy.
+torch.fx.wrap("layer_norm")
+torch.fx.wrap("rms_norm")
+torch.fx.wrap("_transformers_rms_norm")
 
 def _transformers_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The forward of transformers' RMSNorm modules (LlamaRMSNorm and its copies): normalize in float32, cast
-    back to the input's dtype, then multiply by the weight, so the result has promote(weight, input)'s dtype.
-    That is one fused call where weight and input share a dtype; else the normalization is fused and the
-    product is torch's, as there. Autocast does not touch their forward (no op in it casts), so it is off
-    for ours too. TorchScript cannot switch autocast off (it wants the device as a constant), so a scripted
-    model holding such a module raises when the module runs."""
+    """The forward of a converted transformers-style RMSNorm (_transformers_rms_norm; ``_weight_in_float32``, its
+    class's rule, found at conversion). TorchScript cannot switch autocast off (it wants the device as a
+    constant), so a scripted model holding such a module raises when the module runs."""
     if torch.jit.is_scripting():
         raise RuntimeError("torch_reduce: a converted transformers-style RMSNorm does not run under TorchScript (it "
                            "switches autocast off, which TorchScript cannot); script the unconverted model")
-    weight = self.weight
-    shape = hidden_states.shape[-1:]
-    with torch.autocast(hidden_states.device.type, enabled=False):
-        if weight.dtype == hidden_states.dtype:
-            return rms_norm(hidden_states, shape, weight, self.variance_epsilon)
-        return weight * rms_norm(hidden_states, shape, None, self.variance_epsilon)
+    return _transformers_rms_norm(hidden_states, self.weight, self.variance_epsilon, self._weight_in_float32)
 
 
 _CONVERTED_SUBCLASSES: dict[type, type] = {}
@@ -57,29 +78,48 @@ _FORWARDS = {"layer_norm": LayerNorm.forward, "rms_norm": RMSNorm.forward,
              "transformers_rms_norm": _transformers_rms_norm_forward}
 
 
-def _new_converted(cls: type, forward: str) -> torch.nn.Module:
+def _new_converted(cls: type, forward: str, attributes: dict | None = None) -> torch.nn.Module:
     """An empty instance of ``cls``'s converted subclass with that forward: what a pickle of a converted module is
     loaded into (pickle then sets its state), in any process, since the subclass is made again if need be."""
-    converted = _subclass_with_forward(cls, _FORWARDS[forward])
+    converted = _subclass_with_forward(cls, _FORWARDS[forward], **(attributes or {}))
     return converted.__new__(converted)
 
 
 def _reduce_converted(self, protocol):
-    """Pickles (torch.save, deepcopy, multiprocessing) a module of a converted subclass as its original class
-    and forward's name: pickle finds a class by its module and name, which here lead to the original class."""
+    """Pickles (torch.save, deepcopy, multiprocessing) a module of a converted subclass as its original class,
+    forward's name and class attributes: pickle finds a class by its module and name, which here lead to the
+    original class."""
     cls = type(self)
     _, _, *rest = object.__reduce_ex__(self, protocol)  # (copyreg.__newobj__, (cls,), state, None, None)
-    return (_new_converted, (cls._converted_from, cls._converted_forward), *rest)
+    return (_new_converted, (cls._converted_from, cls._converted_forward, cls._converted_attributes), *rest)
 
 
-def _subclass_with_forward(cls: type, forward) -> type:
-    """A subclass of ``cls`` that differs in its forward alone (its methods, name and isinstance kept)."""
+def _subclass_with_forward(cls: type, forward, **attributes) -> type:
+    """A subclass of ``cls`` that differs in its forward (and the class ``attributes`` the forward reads) alone:
+    its methods, name and isinstance kept, the forward's argument named as in ``cls``'s, for a caller that passes
+    it by keyword."""
     if cls not in _CONVERTED_SUBCLASSES:
         name = next(key for key, f in _FORWARDS.items() if f is forward)
         _CONVERTED_SUBCLASSES[cls] = type(cls.__name__, (cls,), {
-            "forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-            "__reduce_ex__": _reduce_converted, "_converted_from": cls, "_converted_forward": name})
+            "forward": _argument_named_as(forward, cls.forward), "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__, "__reduce_ex__": _reduce_converted, "_converted_from": cls,
+            "_converted_forward": name, "_converted_attributes": attributes, **attributes})
     return _CONVERTED_SUBCLASSES[cls]
+
+
+def _argument_named_as(forward, original):
+    """``forward(self, x)`` with ``x`` renamed as ``original``'s one argument (a forward of ours has no other
+    local)."""
+    name = list(inspect.signature(original).parameters)[1]
+    code = forward.__code__
+    if code.co_varnames[1] == name:
+        return forward
+    renamed = types.FunctionType(code.replace(co_varnames=(code.co_varnames[0], name) + code.co_varnames[2:]),
+                                 forward.__globals__, forward.__name__, forward.__defaults__, forward.__closure__)
+    renamed.__qualname__, renamed.__doc__ = forward.__qualname__, forward.__doc__
+    renamed.__annotations__ = {name if key == code.co_varnames[1] else key: value
+                               for key, value in forward.__annotations__.items()}
+    return renamed
 
 
 def _converted_class(cls: type, torch_class: type, ours: type) -> type | None:
@@ -139,39 +179,48 @@ def _takes_one_tensor(forward) -> bool:
     return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
 
 
-def _is_transformers_rms_norm(module: torch.nn.Module) -> bool:
-    """A module written like transformers' LlamaRMSNorm: a class named ...RMSNorm with one 1-dim parameter,
-    ``weight``, a float ``variance_epsilon``, no children, a forward of one tensor, and that forward computing what
-    _transformers_rms_norm_forward computes (checked on a (2, 3, hidden) input in the weight's dtype and in float32,
-    so that a look-alike with another formula, such as Gemma's (1 + weight), or one that normalizes another dim, is
-    left alone, and so is one whose forward raises on it; a meta weight's module is checked on a copy with a random
-    CPU weight)."""
+def _transformers_rms_norm_rule(module: torch.nn.Module) -> bool | None:
+    """_transformers_rms_norm's ``weight_in_float32`` for a module written like transformers' RMSNorms, or None to
+    leave the module alone. Such a module is a class named ...RMSNorm with one 1-dim parameter, ``weight``, a float
+    ``variance_epsilon``, no children and a forward of one tensor; which rule computes what its forward computes is
+    found by running both on a (2, 3, hidden) input in dtype pairs where their rules give other dtypes (a
+    bfloat16 input beside a float32 weight and the converse), in the weight's own dtype, and in float32 and
+    float64. A look-alike with another formula (Gemma's (1 + weight); T5's, which casts to the weight's dtype; one
+    that normalizes another dim), or one whose forward raises on such an input, matches neither and is left
+    alone. A meta weight's module is probed on a copy with a random CPU weight."""
     cls = type(module)
     params = dict(module.named_parameters(recurse=False))
     if not (cls.__name__.endswith("RMSNorm") and list(params) == ["weight"] and params["weight"].dim() == 1
             and isinstance(getattr(module, "variance_epsilon", None), float) and not list(module.children())
             and cls.forward is not _transformers_rms_norm_forward and _takes_one_tensor(cls.forward)):
-        return False
+        return None
     weight = params["weight"]
+    device = weight.device if weight.device.type != "meta" else torch.device("cpu")  # meta: probe a CPU stand-in
     # A generator of its own: converting a model leaves the caller's random stream where it was.
-    generator = torch.Generator(weight.device if weight.device.type != "meta" else "cpu").manual_seed(0)
-    if weight.device.type == "meta":  # a model built on the meta device, materialized later: probe a CPU stand-in
-        module = copy.copy(module)
-        module._parameters = {"weight": torch.nn.Parameter(
-            torch.randn(weight.shape, dtype=weight.dtype, generator=generator), requires_grad=False)}
-        weight = module.weight
-    with torch.no_grad(), torch.autocast(weight.device.type, enabled=False):
-        for dtype in dict.fromkeys((weight.dtype, torch.float32)):
-            x = torch.randn(2, 3, weight.numel(), device=weight.device, dtype=dtype, generator=generator)
+    generator = torch.Generator(device).manual_seed(0)
+    pairs = dict.fromkeys([(weight.dtype, weight.dtype), (weight.dtype, torch.float32), (torch.float32, torch.bfloat16),
+                           (torch.bfloat16, torch.float32), (torch.float32, torch.float64)])  # (weight, input)
+    candidates = [False, True]
+    with torch.no_grad(), torch.autocast(device.type, enabled=False):
+        for weight_dtype, dtype in pairs:
+            probe = copy.copy(module)  # its forward and attributes, our weight
+            probe._parameters = {"weight": torch.nn.Parameter(
+                torch.randn(weight.shape, dtype=weight_dtype, device=device, generator=generator), requires_grad=False)}
+            x = torch.randn(2, 3, weight.numel(), device=device, dtype=dtype, generator=generator)
             try:
-                theirs = cls.forward(module, x)  # not module(x): its hooks are not for this probe
+                theirs = cls.forward(probe, x)  # not module(x): its hooks are not for this probe
             except Exception:  # e.g. a norm over channels, (N, C, L): not this formula
-                return False
-            ours = _transformers_rms_norm_forward(module, x)
-            if (not isinstance(theirs, torch.Tensor) or theirs.shape != ours.shape or theirs.dtype != ours.dtype
-                    or not torch.allclose(theirs.float(), ours.float(), rtol=2e-2, atol=1e-2)):
-                return False
-    return True
+                return None
+            candidates = [rule for rule in candidates
+                          if _agree(_transformers_rms_norm(x, probe.weight, probe.variance_epsilon, rule), theirs)]
+            if not candidates:
+                return None
+    return candidates[0]
+
+
+def _agree(ours: torch.Tensor, theirs) -> bool:
+    return (isinstance(theirs, torch.Tensor) and theirs.shape == ours.shape and theirs.dtype == ours.dtype
+            and torch.allclose(theirs.float(), ours.float(), rtol=2e-2, atol=1e-2))
 
 
 def convert_layernorm(module: torch.nn.Module) -> torch.nn.Module:
@@ -193,16 +242,16 @@ def convert_layernorm(module: torch.nn.Module) -> torch.nn.Module:
 def convert_norms(module: torch.nn.Module) -> torch.nn.Module:
     """Switch every norm inside ``module`` (``module`` itself included) to torch_reduce's kernels, in place, and
     return ``module``: torch.nn.LayerNorm and torch.nn.RMSNorm (and their subclasses that keep torch's forward),
-    and RMSNorm modules written the way transformers writes them (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, ...:
-    a ``weight`` and a ``variance_epsilon``; see ``_is_transformers_rms_norm``). As convert_layernorm, each module
-    keeps its identity, Parameter objects, hooks and attributes; only its class changes.
+    and RMSNorm modules written the way transformers writes them (LlamaRMSNorm, Olmo2RMSNorm, Qwen2RMSNorm, ...:
+    a ``weight`` and a ``variance_epsilon``; see ``_transformers_rms_norm_rule``). As convert_layernorm, each
+    module keeps its identity, Parameter objects, hooks and attributes; only its class changes.
     """
     for child in module.modules():
         def converted(cls, child=child):
             return (_converted_class(cls, torch.nn.LayerNorm, LayerNorm)
                     or _converted_class(cls, torch.nn.RMSNorm, RMSNorm)
-                    or (_subclass_with_forward(cls, _transformers_rms_norm_forward)
-                        if _is_transformers_rms_norm(child) else None))
+                    or (_subclass_with_forward(cls, _transformers_rms_norm_forward, _weight_in_float32=rule)
+                        if (rule := _transformers_rms_norm_rule(child)) is not None else None))
         cls = _convert_beneath_torchs_classes(type(child), converted)
         if cls is not None:
             child.__class__ = cls
