@@ -507,7 +507,16 @@ def tiny_gpt2(width):
     return GPT2LMHeadModel(config)
 
 
-TRANSFORMERS = {"llama": tiny_llama, "gpt2": tiny_gpt2}
+def tiny_olmo2(width):
+    """Olmo2's RMSNorms (q and k norms too) apply the weight in float32, then cast back: another dtype rule."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+    config = Olmo2Config(vocab_size=128, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         attn_implementation="eager")
+    return Olmo2ForCausalLM(config)
+
+
+TRANSFORMERS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "olmo2": tiny_olmo2}
 # Norm-wise relative tolerances (see tests/test_training.py): logits and gradients at the first step. Later steps
 # drift apart in any two float32 implementations of the norms (AdamW scales each update by its gradient's own size,
 # so last-bit differences in small gradients grow into whole steps), so the losses of later steps and the
@@ -603,6 +612,31 @@ def tiny_bert(width):
                         intermediate_size=2 * width, max_position_embeddings=64, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0, attn_implementation="eager")
     return BertForMaskedLM(config)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(TRANSFORMERS))
+def test_transformers_bfloat16_model_with_float32_norms(name, device):
+    """A model cast to bfloat16 with its norms' weights put back in float32 (a common layout): the converted model
+    gives the unconverted one's logits and dtype, or raises where it raises (Llama's rule makes float32
+    activations that its bfloat16 projections refuse)."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    reference = TRANSFORMERS[name](64).to(device).bfloat16()
+    for module in reference.modules():
+        if "Norm" in type(module).__name__:
+            module.float()
+    ours = torch_reduce.nn.convert_norms(copy.deepcopy(reference))
+    idx = torch.randint(0, 128, (2, 16), device=device)
+    try:
+        want = reference(idx).logits
+    except RuntimeError as error:
+        with pytest.raises(type(error)):
+            ours(idx)
+        return
+    got = ours(idx).logits
+    assert got.dtype == want.dtype
+    assert_close_normwise(got, want, 2e-2, "logits")
 
 
 @pytest.mark.parametrize("device", DEVICES)
