@@ -615,11 +615,12 @@ def tiny_bert(width):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", list(TRANSFORMERS))
+@pytest.mark.parametrize("name", ["llama", "olmo2"])
 def test_transformers_bfloat16_model_with_float32_norms(name, device):
-    """A model cast to bfloat16 with its norms' weights put back in float32 (a common layout): the converted model
-    gives the unconverted one's logits and dtype, or raises where it raises (Llama's rule makes float32
-    activations that its bfloat16 projections refuse)."""
+    """A model cast to bfloat16 with its RMSNorms' weights put back in float32 (a common layout): the converted
+    model gives the unconverted one's logits and dtype, or raises where it raises (Llama's rule makes float32
+    activations that its bfloat16 projections refuse). (An nn.LayerNorm's float32 weight beside a bfloat16 input is
+    our mixed precision, which torch's CUDA kernel refuses: tests/test_op_contract.py.)"""
     pytest.importorskip("transformers")
     torch.manual_seed(0)
     reference = TRANSFORMERS[name](64).to(device).bfloat16()

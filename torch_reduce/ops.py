@@ -60,9 +60,6 @@ _COMPLEX = (torch.complex64, torch.complex128)  # sum, mean, prod and vector_nor
 # dtype rules in Python that torch.compile traces (TorchDynamo cannot trace dtype.to_real, torch.can_cast or
 # torch.result_type: they return no tensor).
 _REAL_DTYPES = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
-_COMPLEX_DTYPES = {real: complex for complex, real in _REAL_DTYPES.items()}
-if hasattr(torch, "bcomplex32"):
-    _COMPLEX_DTYPES[torch.bfloat16] = torch.bcomplex32
 
 
 def _real_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -87,8 +84,8 @@ def _result_type(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
     higher, lower = (a.dtype, b.dtype) if b.dim() == 0 else (b.dtype, a.dtype)
     if higher.is_complex:
         return higher
-    if lower.is_complex:
-        return _COMPLEX_DTYPES[higher] if higher.is_floating_point else lower
+    if lower.is_complex:  # a complex 0-dim tensor beside a real one, which no kernel here takes: torch's answer
+        return torch.result_type(a, b)  # (a bfloat16 one's differs between torch versions)
     if higher.is_floating_point:
         return higher
     if higher == torch.bool or lower.is_floating_point:
