@@ -426,9 +426,105 @@ def test_convert_norms_on_the_meta_device(device):
     on_real = torch_reduce.nn.convert_norms(copy.deepcopy(reference))
     assert [type(m) for m in model] == [type(m) for m in on_real]
     assert type(model[3]) is not LlamaStyleRMSNorm and type(model[4]) is GemmaStyleRMSNorm
+    meta = torch.randn(4, 16, device="meta", requires_grad=True)
+    model(meta).sum().backward()  # converted, each norm runs on meta tensors too (no autocast there)
     model.to_empty(device=device).load_state_dict(reference.state_dict())
     x = torch.randn(4, 16, device=device)
     torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+class EpsOutsideRMSNorm(LlamaStyleRMSNorm):
+    """x / (sqrt(mean(x^2)) + eps): the first RMSNorm paper's eps, another norm where mean(x^2) is near eps."""
+
+    def forward(self, hidden_states):
+        h = hidden_states.float()
+        return self.weight * (h / (h.pow(2).mean(-1, keepdim=True).sqrt() + self.variance_epsilon)).type_as(h)
+
+
+class ClampedRMSNorm(LlamaStyleRMSNorm):
+    """rsqrt(max(mean(x^2), eps)): another norm where mean(x^2) is below eps."""
+
+    def forward(self, hidden_states):
+        h = hidden_states.float()
+        return self.weight * (h * h.pow(2).mean(-1, keepdim=True).clamp_min(self.variance_epsilon).rsqrt())
+
+
+class ScaledRMSNorm(LlamaStyleRMSNorm):
+    """Llama's result times 1.005: a difference of 0.5%, far above float32's rounding."""
+
+    def forward(self, hidden_states):
+        return super().forward(hidden_states) * 1.005
+
+
+class TrainingDropoutRMSNorm(LlamaStyleRMSNorm):
+    """Llama's norm that drops out in training mode: not ours in either mode."""
+
+    def forward(self, hidden_states):
+        return F.dropout(super().forward(hidden_states), 0.1, self.training)
+
+
+class CountingRMSNorm(LlamaStyleRMSNorm):
+    """Llama's norm that counts its calls in a buffer and a list: the probe's calls must not count."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__(hidden_size, eps)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        self.seen = []
+
+    def forward(self, hidden_states):
+        self.steps += 1
+        self.seen.append(hidden_states.shape)
+        return super().forward(hidden_states)
+
+
+@pytest.mark.parametrize("cls", [EpsOutsideRMSNorm, ClampedRMSNorm, ScaledRMSNorm, TrainingDropoutRMSNorm])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_convert_norms_leaves_near_look_alikes_alone(cls, training):
+    """Formulas that agree with Llama's at unit scale within a few % (eps's place, a clamp, a factor, dropout in
+    training mode): the probe compares in float32 at float32's rounding, also at the scale of sqrt(eps) and in both
+    modes, so each is left alone, converted in either mode."""
+    norm = cls(64, eps=1e-4).train(training)
+    assert type(torch_reduce.nn.convert_norms(norm)) is cls
+
+
+def test_convert_norms_probes_a_copy():
+    """A forward that changes its module's state (a buffer it counts in, a list it appends to) is not ours: left
+    alone, and the probe's calls changed nothing of the module."""
+    norm = CountingRMSNorm(8)
+    assert type(torch_reduce.nn.convert_norms(norm)) is CountingRMSNorm
+    assert int(norm.steps) == 0 and norm.seen == []
+
+
+class EitherRuleRMSNorm(LlamaStyleRMSNorm):
+    """Llama's rule or Olmo2's by an instance flag: each instance converted with its own."""
+
+    def __init__(self, hidden_size, weight_in_float32):
+        super().__init__(hidden_size)
+        self.weight_in_float32 = weight_in_float32
+
+    def forward(self, hidden_states):
+        h = hidden_states.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        if self.weight_in_float32:
+            return (self.weight * h).to(hidden_states.dtype)
+        return self.weight * h.to(hidden_states.dtype)
+
+
+def test_convert_norms_keeps_each_instances_rule_and_converts_once(tmp_path):
+    """Converted classes are made per rule, so two instances of one class with other rules keep theirs, through a
+    pickle too; converting again (a forward whose argument was renamed included) changes nothing."""
+    model = nn.Sequential(EitherRuleRMSNorm(8, False), EitherRuleRMSNorm(8, True), KeywordXRMSNorm(8))
+    reference = copy.deepcopy(model)
+    torch_reduce.nn.convert_norms(model)
+    classes = [type(m) for m in model]
+    torch_reduce.nn.convert_norms(model)
+    assert [type(m) for m in model] == classes and classes[0] is not classes[1]
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    for norm, want, again in zip(model, reference, loaded):
+        assert norm(x).dtype == want(x).dtype == again(x).dtype
+        torch.testing.assert_close(norm(x), want(x), rtol=2e-2, atol=2e-2)
 
 
 STYLE_DTYPES = [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16),

@@ -1,8 +1,10 @@
 """torch.nn.LayerNorm and torch.nn.RMSNorm on the fused kernels, and converters for whole models."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import math
 import sys
 import types
 
@@ -44,7 +46,7 @@ def _transformers_rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, ep
     forward (no op in it casts), so it is off for ours too."""
     dtype = hidden_states.dtype
     shape = hidden_states.shape[-1:]
-    with torch.autocast(hidden_states.device.type, enabled=False):
+    with _autocast_off(hidden_states.device.type):
         mixed = weight_in_float32 and weight.dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16)
         if dtype != torch.float64 and (weight.dtype == dtype or mixed):
             return rms_norm(hidden_states, shape, weight, eps)
@@ -53,6 +55,13 @@ def _transformers_rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, ep
         normalized = rms_norm(hidden_states if dtype != torch.float64 else hidden_states.to(torch.float32), shape,
                               None, eps)
         return weight * normalized.to(dtype)
+
+
+def _autocast_off(device_type: str):
+    """Autocast off on ``device_type``, where it has autocast (the meta device has none)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 # symbolic_trace (FX) records these calls as nodes: our modules are not torch.nn's, so FX traces into their
@@ -71,7 +80,7 @@ def _transformers_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.T
     return _transformers_rms_norm(hidden_states, self.weight, self.variance_epsilon, self._weight_in_float32)
 
 
-_CONVERTED_SUBCLASSES: dict[type, type] = {}
+_CONVERTED_SUBCLASSES: dict[tuple, type] = {}  # (class, forward's name, the class attributes it reads)
 _REMADE_FSDP_CLASSES: dict[tuple[type, type], type] = {}  # (FSDP's class, the converted class beneath it)
 # The forwards a converted subclass may have, by the name its pickles give them.
 _FORWARDS = {"layer_norm": LayerNorm.forward, "rms_norm": RMSNorm.forward,
@@ -98,13 +107,14 @@ def _subclass_with_forward(cls: type, forward, **attributes) -> type:
     """A subclass of ``cls`` that differs in its forward (and the class ``attributes`` the forward reads) alone:
     its methods, name and isinstance kept, the forward's argument named as in ``cls``'s, for a caller that passes
     it by keyword."""
-    if cls not in _CONVERTED_SUBCLASSES:
-        name = next(key for key, f in _FORWARDS.items() if f is forward)
-        _CONVERTED_SUBCLASSES[cls] = type(cls.__name__, (cls,), {
+    name = next(key for key, f in _FORWARDS.items() if f is forward)
+    key = (cls, name, tuple(sorted(attributes.items())))
+    if key not in _CONVERTED_SUBCLASSES:
+        _CONVERTED_SUBCLASSES[key] = type(cls.__name__, (cls,), {
             "forward": _argument_named_as(forward, cls.forward), "__module__": cls.__module__,
             "__qualname__": cls.__qualname__, "__reduce_ex__": _reduce_converted, "_converted_from": cls,
             "_converted_forward": name, "_converted_attributes": attributes, **attributes})
-    return _CONVERTED_SUBCLASSES[cls]
+    return _CONVERTED_SUBCLASSES[key]
 
 
 def _argument_named_as(forward, original):
@@ -183,44 +193,85 @@ def _transformers_rms_norm_rule(module: torch.nn.Module) -> bool | None:
     """_transformers_rms_norm's ``weight_in_float32`` for a module written like transformers' RMSNorms, or None to
     leave the module alone. Such a module is a class named ...RMSNorm with one 1-dim parameter, ``weight``, a float
     ``variance_epsilon``, no children and a forward of one tensor; which rule computes what its forward computes is
-    found by running both on a (2, 3, hidden) input in dtype pairs where their rules give other dtypes (a
-    bfloat16 input beside a float32 weight and the converse), in the weight's own dtype, and in float32 and
-    float64. A look-alike with another formula (Gemma's (1 + weight); T5's, which casts to the weight's dtype; one
-    that normalizes another dim), or one whose forward raises on such an input, matches neither and is left
-    alone. A meta weight's module is probed on a copy with a random CPU weight."""
+    found by running both on (2, 3, hidden) inputs: in dtype pairs where their rules give other dtypes (a bfloat16
+    input beside a float32 weight and the converse), in the weight's own dtype, in float32 and float64, and in
+    float32 at the scale where eps's place in the formula shows, in training and in eval mode. A look-alike with
+    another formula (Gemma's (1 + weight); T5's, which casts to the weight's dtype; eps outside the square root;
+    one that normalizes another dim or drops out in training), or one whose forward raises on such an input,
+    matches neither and is left alone, as is one whose forward changes the module's state. The probe runs on a copy
+    (its own weight, buffers, containers and training mode) and leaves the random streams where they were; a meta
+    weight's module is probed on the CPU."""
     cls = type(module)
     params = dict(module.named_parameters(recurse=False))
     if not (cls.__name__.endswith("RMSNorm") and list(params) == ["weight"] and params["weight"].dim() == 1
             and isinstance(getattr(module, "variance_epsilon", None), float) and not list(module.children())
-            and cls.forward is not _transformers_rms_norm_forward and _takes_one_tensor(cls.forward)):
+            and not hasattr(cls, "_converted_forward") and _takes_one_tensor(cls.forward)):
         return None
-    weight = params["weight"]
-    device = weight.device if weight.device.type != "meta" else torch.device("cpu")  # meta: probe a CPU stand-in
-    # A generator of its own: converting a model leaves the caller's random stream where it was.
+    weight, eps = params["weight"], module.variance_epsilon
+    device = weight.device if weight.device.type != "meta" else torch.device("cpu")
     generator = torch.Generator(device).manual_seed(0)
-    pairs = dict.fromkeys([(weight.dtype, weight.dtype), (weight.dtype, torch.float32), (torch.float32, torch.bfloat16),
-                           (torch.bfloat16, torch.float32), (torch.float32, torch.float64)])  # (weight, input)
+    probe = copy.copy(module)
+    probe.__dict__.update({key: copy.copy(value) for key, value in vars(module).items()
+                           if isinstance(value, (list, dict, set))})
+    probe._buffers = {key: None if b is None else b.clone() for key, b in module._buffers.items()}
+    eps_scale = min(max(math.sqrt(eps), 1e-4), 1e4) if eps > 0 else 1.0
+    cases = dict.fromkeys([(weight.dtype, weight.dtype, 1.0), (weight.dtype, torch.float32, 1.0),
+                           (torch.float32, torch.bfloat16, 1.0), (torch.bfloat16, torch.float32, 1.0),
+                           (torch.float32, torch.float64, 1.0), (torch.float32, torch.float32, eps_scale)])
     candidates = [False, True]
-    with torch.no_grad(), torch.autocast(device.type, enabled=False):
-        for weight_dtype, dtype in pairs:
-            probe = copy.copy(module)  # its forward and attributes, our weight
-            probe._parameters = {"weight": torch.nn.Parameter(
-                torch.randn(weight.shape, dtype=weight_dtype, device=device, generator=generator), requires_grad=False)}
-            x = torch.randn(2, 3, weight.numel(), device=device, dtype=dtype, generator=generator)
-            try:
-                theirs = cls.forward(probe, x)  # not module(x): its hooks are not for this probe
-            except Exception:  # e.g. a norm over channels, (N, C, L): not this formula
-                return None
-            candidates = [rule for rule in candidates
-                          if _agree(_transformers_rms_norm(x, probe.weight, probe.variance_epsilon, rule), theirs)]
-            if not candidates:
-                return None
-    return candidates[0]
+    cuda_devices = [device] if device.type == "cuda" else []
+    with torch.no_grad(), _autocast_off(device.type), torch.random.fork_rng(cuda_devices):
+        for training in dict.fromkeys((module.training, not module.training)):
+            probe.training = training
+            for weight_dtype, dtype, scale in cases:
+                probe._parameters = {"weight": torch.nn.Parameter(torch.randn(
+                    weight.shape, dtype=weight_dtype, device=device, generator=generator), requires_grad=False)}
+                x = scale * torch.randn(2, 3, weight.numel(), device=device, dtype=dtype, generator=generator)
+                try:
+                    theirs = cls.forward(probe, x)  # not module(x): its hooks are not for this probe
+                except Exception:  # e.g. a norm over channels, (N, C, L): not this formula
+                    return None
+                candidates = [rule for rule in candidates if _agree(
+                    _transformers_rms_norm(x, probe.weight, eps, rule), theirs, (weight_dtype, dtype))]
+                if not candidates:
+                    return None
+    return None if _state_changed(probe, module) else candidates[0]
 
 
-def _agree(ours: torch.Tensor, theirs) -> bool:
-    return (isinstance(theirs, torch.Tensor) and theirs.shape == ours.shape and theirs.dtype == ours.dtype
-            and torch.allclose(theirs.float(), ours.float(), rtol=2e-2, atol=1e-2))
+def _same(copied, original) -> bool:
+    """An attribute as the probe's copy left it against the module's: a container (copied one level down) holds the
+    same objects, anything else is the same object or an equal value."""
+    if copied is original:
+        return True
+    if isinstance(original, (list, dict)):
+        if isinstance(original, dict):
+            return copied.keys() == original.keys() and all(copied[k] is original[k] for k in original)
+        return len(copied) == len(original) and all(a is b for a, b in zip(copied, original))
+    try:
+        return bool(copied == original)
+    except Exception:  # a comparison that is no bool
+        return False
+
+
+def _state_changed(probe: torch.nn.Module, module: torch.nn.Module) -> bool:
+    """Whether the probe's forward calls changed the copy's buffers or attributes (a call counter, a cache): a
+    forward with effects of its own is not ours."""
+    if vars(probe).keys() != vars(module).keys():
+        return True
+    for key, value in vars(module).items():
+        if key not in ("_parameters", "_buffers", "training") and not _same(vars(probe)[key], value):
+            return True
+    return any(b is not None and b.device.type != "meta" and not torch.equal(probe._buffers[key], b)
+               for key, b in module._buffers.items())
+
+
+def _agree(ours: torch.Tensor, theirs, dtypes: tuple) -> bool:
+    """``theirs`` has our shape and dtype, and our values within a few roundings of the coarsest dtype involved
+    (float64 counts as float32, in which both normalize)."""
+    if not (isinstance(theirs, torch.Tensor) and theirs.shape == ours.shape and theirs.dtype == ours.dtype):
+        return False
+    tol = 32 * max(torch.finfo(torch.float32 if d == torch.float64 else d).eps for d in dtypes + (ours.dtype,))
+    return torch.allclose(theirs.double(), ours.double(), rtol=tol, atol=tol * theirs.abs().max().item())
 
 
 def convert_layernorm(module: torch.nn.Module) -> torch.nn.Module:
