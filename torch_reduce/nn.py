@@ -70,6 +70,7 @@ torch.fx.wrap("layer_norm")
 torch.fx.wrap("rms_norm")
 torch.fx.wrap("_transformers_rms_norm")
 
+
 def _transformers_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """The forward of a converted transformers-style RMSNorm (_transformers_rms_norm; ``_weight_in_float32``, its
     class's rule, found at conversion). TorchScript cannot switch autocast off (it wants the device as a
@@ -243,9 +244,9 @@ def _same(copied, original) -> bool:
     same objects, anything else is the same object or an equal value."""
     if copied is original:
         return True
-    if isinstance(original, (list, dict)):
-        if isinstance(original, dict):
-            return copied.keys() == original.keys() and all(copied[k] is original[k] for k in original)
+    if isinstance(original, dict):
+        return copied.keys() == original.keys() and all(copied[k] is original[k] for k in original)
+    if isinstance(original, list):
         return len(copied) == len(original) and all(a is b for a, b in zip(copied, original))
     try:
         return bool(copied == original)
