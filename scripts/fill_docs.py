@@ -4,6 +4,7 @@
     python3 scripts/fill_docs.py                                   # docs/why.md from benchmarks/results/nvidia-h200
     python3 scripts/fill_docs.py --results benchmarks/results/NAME --doc docs/why.md
     python3 scripts/fill_docs.py --check                           # exit 1 if the doc is not up to date
+    python3 scripts/fill_docs.py --doc README.md                   # the README's ladder table and figures
 
 Reads RESULTS/ncu/ncu_compare.json (scripts/ncu_check.py) and RESULTS/ladder.json (python -m torch_reduce.bench).
 
