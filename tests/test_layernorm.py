@@ -19,8 +19,11 @@ HIDDEN = [1, 7, 32, 33, 768, 1000, 1024, 2048, 4096, 4097, 8192, 12288, 16384, 1
 # Outputs and input gradients are rounded to the dtype once; weight/bias gradients sum over rows.
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10),
        torch.float16: dict(rtol=2e-3, atol=2e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+# Taken by the gradient's dtype (float32 parameters beside a 16-bit input sum in float32, and are stored so), relative
+# to the largest entry: a 16-bit gradient is the float32 sum rounded once (CPU, 5 seeds: bfloat16 3.6e-3, float16
+# 3.1e-4 at most; float32 parameters 6.5e-8).
 SUM_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-10, atol=1e-10),
-           torch.float16: dict(rtol=5e-3, atol=5e-2), torch.bfloat16: dict(rtol=3e-2, atol=2e-1)}
+           torch.float16: dict(rtol=5e-3, atol=5e-3), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
 
 def make_params(shape, dtype, device, affine, with_bias):
@@ -41,11 +44,12 @@ def reference(x, shape, weight, bias, eps):
     return F.layer_norm(xs, shape, ws, bs, eps), (xs, ws, bs)
 
 
-def conditioning(x, shape, eps):
+def conditioning(x, shape, eps, centred=True):
     """max(1, largest rstd): x - mean loses about u * |x| to rounding in any float32 LayerNorm, and rstd
-    multiplies that loss, so rows of nearly equal elements (tiny variance) are ill-conditioned."""
+    multiplies that loss, so rows of nearly equal elements (tiny variance) are ill-conditioned. 1 where nothing is
+    centred (RMSNorm) and for rows of one element (x - mean is exactly 0 there)."""
     rows = x.detach().double().reshape(-1, math.prod(shape))
-    if rows.numel() == 0:
+    if rows.numel() == 0 or rows.shape[-1] == 1 or not centred:
         return 1.0
     return max(1.0, (rows.var(-1, unbiased=False) + eps).rsqrt().max().item())
 
@@ -65,7 +69,7 @@ def check(x, shape, weight, bias, eps=1e-5):
     torch.testing.assert_close(grads[0], ref_grads[0].to(x.dtype), **tol)
     for got, want in zip(grads[1:], ref_grads[1:]):
         scale = max(1.0, want.abs().max().item())
-        sum_tol = {k: v * kappa for k, v in SUM_TOL[x.dtype].items()}
+        sum_tol = {k: v * kappa for k, v in SUM_TOL[got.dtype].items()}
         torch.testing.assert_close(got.double() / scale, want / scale, **sum_tol, check_dtype=False)
 
 
@@ -326,7 +330,7 @@ def check_norm_forward(name, rows, hidden, dtype):
     got = NORM_CALLS[name](x, r, w, b)
     s = (x + r) if name.startswith("add") else x
     want = TORCH_NORM_CALLS[name.removeprefix("add_")](s.double(), None, w.double(), b.double())
-    kappa = conditioning(s, (hidden,), 1e-5)
+    kappa = conditioning(s, (hidden,), 1e-5, centred="layer" in name)
     torch.testing.assert_close(got, want.to(dtype), **{k: v * kappa for k, v in TOL[dtype].items()})
     if name.startswith("add"):
         assert torch.equal(NORM_CALLS_SUM[name](x, r, w, b), s)
@@ -361,7 +365,7 @@ def check_norm_grads(name, x, r, w, b, eps=None):
         outputs, inputs = (y,), (x, *params)
     s64, w64, b64 = (t.detach().double().requires_grad_() for t in (s, w, b))
     y64 = F.layer_norm(s64, (hidden,), w64, b64, eps_used) if layer else F.rms_norm(s64, (hidden,), w64, eps_used)
-    kappa = conditioning(s, (hidden,), eps_used)
+    kappa = conditioning(s, (hidden,), eps_used, centred=layer)
     tol = {k: v * kappa for k, v in TOL[dtype].items()}
     assert y.dtype == dtype
     torch.testing.assert_close(y, y64.to(dtype), **tol)
@@ -371,10 +375,10 @@ def check_norm_grads(name, x, r, w, b, eps=None):
     want_input = want[0] + grads_out[1].double() if fused else want[0]
     for g in got[:2 if fused else 1]:
         torch.testing.assert_close(g, want_input.to(dtype), **tol)
-    sum_tol = {k: v * kappa for k, v in SUM_TOL[dtype].items()}
     for g, p, p64 in zip(got[2 if fused else 1:], params, want[1:]):
         assert g.dtype == p.dtype
         scale = max(1.0, p64.abs().max().item())
+        sum_tol = {k: v * kappa for k, v in SUM_TOL[g.dtype].items()}
         torch.testing.assert_close(g.double() / scale, p64 / scale, **sum_tol, check_dtype=False)
     return outputs, params, grads_out, got
 
@@ -481,7 +485,7 @@ def test_forward_more_rows_than_resident_blocks(rows, hidden, dtype):
     for name, call in NORM_CALLS.items():
         s = (x + r) if name.startswith("add") else x
         want = TORCH_NORM_CALLS[name.removeprefix("add_")](s.double(), None, w.double(), b.double())
-        kappa = conditioning(s, (hidden,), 1e-5)
+        kappa = conditioning(s, (hidden,), 1e-5, centred="layer" in name)
         torch.testing.assert_close(call(x, r, w, b), want.to(dtype), **{k: v * kappa for k, v in TOL[dtype].items()})
     x64 = x.double()
     var64, mean64 = x64.var(-1, correction=0), x64.mean(-1)
@@ -526,7 +530,7 @@ def test_backward_wide_rows_mixed_and_plain(rows, dtype, hidden, param_dtype):
     torch.testing.assert_close(got[0], want[0].to(dtype), **TOL[dtype])
     for g, w64 in zip(got[1:], want[1:]):
         scale = max(1.0, w64.abs().max().item())
-        torch.testing.assert_close(g.double() / scale, w64 / scale, **SUM_TOL[dtype], check_dtype=False)
+        torch.testing.assert_close(g.double() / scale, w64 / scale, **SUM_TOL[g.dtype], check_dtype=False)
 
 
 @pytest.mark.parametrize("device", DEVICES)

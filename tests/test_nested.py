@@ -193,11 +193,15 @@ def test_double_backward_through_torchs_jagged_ops(device, name):
 def test_over_the_ragged_dim_like_torch(device, dtype, name):
     """torch's own jagged sum, mean, amax, amin and prod over the sequences, empty ones included: the same dtype and
     shape, the same values (floating sums and products: to rounding)."""
-    if name == "mean" and not dtype.is_floating_point:
-        return
     make = (lambda n: torch.randn(n, 5, device=device).to(dtype)) if dtype.is_floating_point else \
         (lambda n: torch.randint(-9, 9, (n, 5), device=device).to(dtype))
     x = torch.nested.as_nested_tensor([make(n) for n in LENGTHS], layout=torch.jagged)
+    if name == "mean" and not dtype.is_floating_point:
+        # torch's jagged mean of integers or bools over the ragged dim gives float32 (torch 2.14); its dense mean
+        # refuses them, and so does ours, jagged or not (README, "Jagged nested tensors").
+        with pytest.raises(RuntimeError, match="^mean\\(\\): could not infer output dtype"):
+            torch_reduce.mean(x, 1)
+        return
     for keepdim in (False, True):
         got, want = getattr(torch_reduce, name)(x, 1, keepdim), getattr(torch, name)(x, 1, keepdim)
         if device == "cuda" and dtype == torch.bool and name == "amax":
