@@ -165,8 +165,8 @@ def test_bench_section_times_each_implementation_before_checking_it(monkeypatch,
     from torch_reduce.bench.timing import Timing
 
     events = []
-    monkeypatch.setattr(layernorm, "time_graph", lambda fn, samples, **kw: events.append("graph") or Timing(1.0, 1))
-    monkeypatch.setattr(layernorm, "time_launches", lambda fn, samples, **kw: events.append("eager") or Timing(2.0, 1))
+    monkeypatch.setattr(layernorm, "time_graph", lambda fn, samples, **kw: events.append("graph") or Timing(1.0, 1, 1))
+    monkeypatch.setattr(layernorm, "time_launches", lambda fn, samples, **kw: events.append("eager") or Timing(2.0, 1, 1))
     check = layernorm._check
     monkeypatch.setattr(layernorm, "_check", lambda got, want: events.append("check") or check(got, want))
     section = layernorm.Section(Context(quick=True, out_dir=tmp_path), 1)

@@ -94,9 +94,9 @@ def run(ctx: Context) -> str:
                           "scaling by 1 changes nothing, and ours leaves the gradients untouched).", "",
                           "| list | tensors | elements | torch ms | ours ms | torch GB/s | ours GB/s | ours % of line "
                           "| ratio | target | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, (shapes, lists, ratio, passes) in cases.items():
+    for name, (shapes, lists, clip_ratio, passes) in cases.items():
         inputs = _rotation(shapes, lists)
-        max_norm = MaxNorms(inputs, ratio)
+        max_norm = MaxNorms(inputs, clip_ratio)
         ours = lambda params: torch_reduce.clip_grad_norm_(params, max_norm(params))  # noqa: E731
         theirs = lambda params: torch.nn.utils.clip_grad_norm_(params, max_norm(params), foreach=True)  # noqa: E731
         check = [p.grad.clone() for p in inputs[0]]
@@ -109,18 +109,18 @@ def run(ctx: Context) -> str:
         nbytes = passes * 4 * elements
         their_ms = time_launches(theirs, inputs).median_ms
         our_ms = time_launches(ours, inputs).median_ms
-        ratio = their_ms / our_ms
+        speedup = their_ms / our_ms
         target = TARGETS.get(name)
         for impl, ms in (("torch", their_ms), ("torch_reduce", our_ms)):
             records.append({"list": name, "impl": impl, "tensors": len(shapes), "elements": elements,
-                            "dtype": "float32", "mode": "launch", "clips": ratio is not None, "median_ms": ms,
+                            "dtype": "float32", "mode": "launch", "clips": clip_ratio is not None, "median_ms": ms,
                             "gbps": gbps(nbytes, ms),
-                            "pct_line": ctx.pct_of_line(gbps(nbytes, ms)), "ratio": ratio if impl != "torch" else 1.0,
+                            "pct_line": ctx.pct_of_line(gbps(nbytes, ms)), "ratio": speedup if impl != "torch" else 1.0,
                             "target_ratio": target})
         lines.append(f"| {name} | {len(shapes)} | {elements:,} | {their_ms:.3f} | {our_ms:.3f} | "
                      f"{gbps(nbytes, their_ms):.0f} | {gbps(nbytes, our_ms):.0f} | "
-                     f"{ctx.pct_of_line(gbps(nbytes, our_ms)):.0f}% | {ratio:.1f}x | "
-                     + (f">= {target:g}x | {_verdict(ratio >= target)} |" if target else "- | - |"))
+                     f"{ctx.pct_of_line(gbps(nbytes, our_ms)):.0f}% | {speedup:.1f}x | "
+                     + (f">= {target:g}x | {_verdict(speedup >= target)} |" if target else "- | - |"))
         del inputs
         torch.cuda.empty_cache()
     ctx.write_json("gradnorm", records)

@@ -5,7 +5,10 @@ Two clocks:
   this includes the op's host overhead, as the GPU timeline sees it.
 - ``time_graph``: the calls captured once in a CUDA graph and replayed: GPU time alone.
 Each sample uses the next input in a rotation whose total size exceeds the L2 several times, so no
-sample reads what the previous one left in cache.
+sample reads what the previous one left in cache. Where the rotation is capped (at most 4,096 pool views, a graph
+of fewer calls, 200 launch samples), the inputs the timed calls read can total less than the L2: ``Timing``
+says how many distinct inputs they read, and ``l2_resident`` whether those fit the L2 (the sections label such
+figures: cache, not DRAM, rates).
 """
 from __future__ import annotations
 
@@ -35,6 +38,12 @@ def l2_rotation_bytes() -> int:
 class Timing:
     median_ms: float
     samples: int
+    inputs_read: int  # distinct inputs the timed calls read
+
+
+def l2_resident(bytes_read: int) -> bool:
+    """Whether inputs of bytes_read in all stay in the L2 from one timed call to the next."""
+    return bytes_read < l2_bytes()
 
 
 def rotation(make: Callable[[], torch.Tensor], tensor_bytes: int, min_count: int = 2) -> list[torch.Tensor]:
@@ -77,7 +86,7 @@ def time_launches(fn: Callable, inputs: Sequence, *, warmup: int = 3, budget_ms:
         fn(x)
         end.record()
     torch.cuda.synchronize()
-    return Timing(statistics.median(s.elapsed_time(e) for s, e in events), samples)
+    return Timing(statistics.median(s.elapsed_time(e) for s, e in events), samples, min(samples, len(inputs)))
 
 
 def time_graph(fn: Callable, inputs: Sequence, *, calls_per_graph: int | None = None, replays: int = 20,
@@ -109,7 +118,7 @@ def time_graph(fn: Callable, inputs: Sequence, *, calls_per_graph: int | None = 
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / calls)
     del graph
-    return Timing(statistics.median(times), replays)
+    return Timing(statistics.median(times), replays, min(calls, len(inputs)))
 
 
 def gbps(nbytes: int, ms: float) -> float:
