@@ -156,6 +156,25 @@ def test_bench_check_compares_chunk_by_chunk_and_misses_nothing(monkeypatch):
         layernorm._check(x, x[:4])
 
 
+@pytest.mark.parametrize("op, dim", [("sum", None), ("sum", 0), ("mean", (0, 1)), ("amax", -1), ("vector_norm", -1)])
+def test_dropin_bench_times_no_result_off_torchs(op, dim):
+    """The drop-in section checks each result against torch's before timing it: ours passes; one element off by
+    100 times the bound's roundings, or a result of zeros, fails; so does another dtype."""
+    import torch_reduce
+    from torch_reduce.bench.dropin import _check_like_torch
+
+    x = torch.randn(512, 64)
+    args = (3, dim) if op == "vector_norm" else () if dim is None else (dim,)
+    theirs = getattr(torch.linalg if op == "vector_norm" else torch, op)
+    ours, want = getattr(torch_reduce, op)(x, *args), theirs(x, *args)
+    _check_like_torch(op, dim, x, ours, want)
+    off = ours.clone()
+    off.view(-1)[-1] += 1e-3 * (x.abs().sum().item() if op == "sum" else max(1.0, want.abs().max().item()))
+    for wrong in (off, torch.zeros_like(ours), ours.double()):
+        with pytest.raises(AssertionError):
+            _check_like_torch(op, dim, x, wrong, want)
+
+
 def test_bench_section_times_each_implementation_before_checking_it(monkeypatch, tmp_path, capsys):
     """Section.measure on CPU tensors, the clocks replaced: torch's call is timed and becomes the reference; the
     others are timed, then checked (the check's copies slowed the timing after them); a wrong result loses both
@@ -166,7 +185,8 @@ def test_bench_section_times_each_implementation_before_checking_it(monkeypatch,
 
     events = []
     monkeypatch.setattr(layernorm, "time_graph", lambda fn, samples, **kw: events.append("graph") or Timing(1.0, 1, 1))
-    monkeypatch.setattr(layernorm, "time_launches", lambda fn, samples, **kw: events.append("eager") or Timing(2.0, 1, 1))
+    monkeypatch.setattr(layernorm, "time_launches",
+                        lambda fn, samples, **kw: events.append("eager") or Timing(2.0, 1, 1))
     check = layernorm._check
     monkeypatch.setattr(layernorm, "_check", lambda got, want: events.append("check") or check(got, want))
     section = layernorm.Section(Context(quick=True, out_dir=tmp_path), 1)

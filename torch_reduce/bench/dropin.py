@@ -58,6 +58,35 @@ def _inputs(shape, dtype: torch.dtype, pool: Optional[torch.Tensor]) -> list[tor
     return rotation(lambda: _random(shape, dtype), numel * torch.empty((), dtype=dtype).element_size())
 
 
+# |ours - torch| allowed, over the sum of the magnitudes (sum, mean) or the largest result (the rest): a few
+# roundings of the result's dtype, far below what a wrong kernel is off by.
+CHECK_RTOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+def _as_torch(value) -> torch.Tensor:
+    """A torch tensor of a result or input (CUB's are CuPy arrays)."""
+    return value if isinstance(value, torch.Tensor) else torch.from_dlpack(value)
+
+
+def _check_like_torch(op: str, dim, x: torch.Tensor, got, want: torch.Tensor) -> None:
+    got = _as_torch(got)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise AssertionError(f"{op}: {got.dtype} {tuple(got.shape)}, torch's {want.dtype} {tuple(want.shape)}")
+    if not want.dtype.is_floating_point:
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m: f"{op}: {m}")
+        return
+    g, w = got.double(), want.double()
+    if op in ("sum", "mean"):
+        dims = () if dim is None else dim
+        scale = getattr(torch, op)(x.abs(), dims, dtype=torch.float64) if dims != () else \
+            getattr(torch, op)(x.abs(), dtype=torch.float64)
+    else:
+        scale = w.abs().nan_to_num(posinf=0.0).max()
+    close = ((g - w).abs() <= CHECK_RTOL[want.dtype] * scale) | (g == w) | (g.isnan() & w.isnan())
+    if not bool(close.all()):
+        raise AssertionError(f"{op} dim={dim}: off torch's by {(g - w).abs().max().item():.3g}")
+
+
 def _verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -71,8 +100,17 @@ class Section:
         self.records: list[dict] = []
         self.out: list[str] = []
         self.bar = tqdm(total=measurements, desc="dropin", leave=False)
+        self.torch_result: tuple[str, object] = ("", None)  # the last torch row's case and result
 
     def measure(self, fn: Callable, inputs, nbytes: int, mode: str, **record) -> Row:
+        """The timing of fn over the rotation, once its result on the first input is torch's (the case's torch
+        row is measured first): a fast wrong kernel gets no figure."""
+        result = fn(inputs[0])
+        case = repr(sorted((k, v) for k, v in record.items() if k != "impl"))
+        if record["impl"] == "torch":
+            self.torch_result = (case, result)
+        elif self.torch_result[0] == case:
+            _check_like_torch(record["op"], record.get("dim"), _as_torch(inputs[0]), result, self.torch_result[1])
         t = time_graph(fn, inputs, calls_per_graph=min(len(inputs), GRAPH_CALLS)) if mode == "graph" \
             else time_launches(fn, inputs)
         row = Row(record["impl"], t.median_ms, gbps(nbytes, t.median_ms), l2_resident(t.inputs_read * nbytes))
