@@ -30,6 +30,7 @@ CASES = {
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--label", required=True)
+    parser.add_argument("--line", type=float, default=4642.0, help="GB/s, for %% of the line")
     parser.add_argument("--set", default="columns", help="comma-separated: columns, rows, whole, narrow")
     parser.add_argument("--ops", default="sum,mean,amax", help="comma-separated: sum, mean, amax, prod, norm2, "
                         "norm0.5, norm1.5 (bfloat16: sum alone)")
@@ -66,7 +67,7 @@ def main() -> None:
                 print(json.dumps({"label": args.label, "op": name, "case": f"{str(dtype)[6:]}:{shape}:{dim}",
                                   "us": round(ms * 1e3, 2), "torch_us": round(torch_ms * 1e3, 2),
                                   "line_pct": round((numel + result.numel()) * dtype.itemsize / (ms * 1e-3) / 1e9
-                                                    / 4642 * 100, 1),
+                                                    / args.line * 100, 1),
                                   "bits": digest}), flush=True)
             del inputs
             torch.cuda.empty_cache()

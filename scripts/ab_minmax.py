@@ -15,6 +15,7 @@ CASES = [((8192, 1024), -1), ((64, 256, 56, 56), (2, 3)), ((64, 256, 56, 56), (0
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--label", required=True)
+    parser.add_argument("--line", type=float, default=4642.0, help="GB/s, for %% of the line")
     args = parser.parse_args()
     ops = {"amax": torch_reduce.amax, "amin": torch_reduce.amin,
            "norm_inf": lambda x, d: torch_reduce.vector_norm(x, float("inf"), d)}
@@ -31,7 +32,7 @@ def main() -> None:
                 ms = time_graph(lambda x: op(x, d), inputs).median_ms
                 print(json.dumps({"label": args.label, "op": name, "case": f"{str(dtype)[6:]}:{shape}:{dim}",
                                   "us": round(ms * 1e3, 2),
-                                  "line_pct": round(numel * dtype.itemsize / (ms * 1e-3) / 1e9 / 4642 * 100, 1)}),
+                                  "line_pct": round(numel * dtype.itemsize / (ms * 1e-3) / 1e9 / args.line * 100, 1)}),
                       flush=True)
             del inputs
             torch.cuda.empty_cache()

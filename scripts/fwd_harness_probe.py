@@ -1,10 +1,10 @@
 """The RMSNorm and LayerNorm forwards timed by the benchmark's own callables and by the op called directly, in one
 process: where does the benchmark's forward figure differ from scripts/replay_clocks.py's? One JSON line a variant.
 
-    python3 scripts/fwd_harness_probe.py bfloat16:65536x4096
+    python3 scripts/fwd_harness_probe.py bfloat16:65536x4096 [--line GBPS]
 """
+import argparse
 import json
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,11 @@ from torch_reduce.bench.timing import rotation, time_graph
 
 
 def main() -> None:
-    for case in sys.argv[1:]:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cases", nargs="+", help="dtype:ROWSxHIDDEN")
+    parser.add_argument("--line", type=float, default=4642.0, help="GB/s, for %% of the line")
+    args = parser.parse_args()
+    for case in args.cases:
         dtype, rows, hidden, nbytes = parse(case)
         (w,) = _parameters(hidden, dtype, 1)
         samples = rotation(lambda: Sample(torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True),
@@ -34,7 +38,7 @@ def main() -> None:
             for replays in (GRAPH_REPLAYS, 100):
                 ms = time_graph(fn, samples, replays=replays).median_ms
                 print(json.dumps({"case": case, "variant": name, "replays": replays, "us": round(ms * 1e3, 2),
-                                  "line_pct": round(2 * nbytes / (ms * 1e-3) / 1e9 / 4642 * 100, 1)}), flush=True)
+                                  "line_pct": round(2 * nbytes / (ms * 1e-3) / 1e9 / args.line * 100, 1)}), flush=True)
 
 
 if __name__ == "__main__":
