@@ -1,7 +1,7 @@
 // Autograd for var_mean and the fused LayerNorm and RMSNorm, in C++ like the sums' (csrc/dim_reduce_autograd.cpp):
 // a Python autograd kernel costs microseconds on every call, most of a small LayerNorm's time.
 //   var_mean:       d var/dx = 2 (x - mean) / (N - correction), d mean/dx = 1 / N (N: elements per output),
-//                   in differentiable ops (double backward through the saved mean, an output of the node),
+//                   in differentiable ops (a double backward recomputes the mean from the input, as torch does),
 //                   with torch's var_backward's edges (see VarMeanFunction::backward);
 //   layer_norm_fwd: reduce::layer_norm_bwd from the saved input, mean and rstd; mean and rstd are statistics
 //                   kept for the backward, not results to differentiate;
@@ -193,7 +193,12 @@ struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
     save_dims(ctx, input, dim, keepdim);
     ctx->saved_data["all_dims"] = input.dim() == 0 || !dim.has_value() || dim->empty();
     ctx->saved_data["correction"] = correction_value(correction);
-    ctx->save_for_backward({input, mean});
+    ctx->save_for_backward({input});
+    // The mean is kept by value for an ordinary backward, not as a saved output: torch's backward saves the input
+    // alone, so a mean changed in place after the call (m.sub_(1)) must not stop it. detach() shares the output's
+    // version counter, so such a change is seen and the mean recomputed from the input.
+    ctx->saved_data["mean"] = mean.detach();
+    ctx->saved_data["mean_version"] = static_cast<int64_t>(mean._version());
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: no zeros to add
     return {var, mean};
   }
@@ -218,10 +223,15 @@ struct VarMeanFunction : public torch::autograd::Function<VarMeanFunction> {
         grad = grad_var * at::where(input == input.mean(), std::numeric_limits<double>::quiet_NaN(),
                                     std::numeric_limits<double>::infinity());
       } else {
-        // With dof <= 0 the coefficient is infinite and an exact tie x == mean gives NaN: that mean is torch's
-        // (at::mean, recomputed as its backward does), so the same elements tie; else ours, saved.
-        const at::Tensor mean = dof <= c10::SymFloat(0.0) ? input.mean(dims, /*keepdim=*/true)
-                                                          : restore_reduced_dims(saved[1], dims, keepdim);
+        // The mean recomputed as torch's backward does (at::mean of the input) where dof <= 0 (the coefficient is
+        // infinite and an exact tie x == mean gives NaN: torch's mean, so the same elements tie), where the
+        // gradient is differentiated (create_graph: the mean as a function of the input), and where the output
+        // was changed in place; else ours, kept by value.
+        const at::Tensor kept = ctx->saved_data["mean"].toTensor();
+        const bool recompute = dof <= c10::SymFloat(0.0) || at::GradMode::is_enabled() ||
+                               static_cast<int64_t>(kept._version()) != ctx->saved_data["mean_version"].toInt();
+        const at::Tensor mean =
+            recompute ? input.mean(dims, /*keepdim=*/true) : restore_reduced_dims(kept, dims, keepdim);
         grad = c10::Scalar(c10::SymFloat(2.0) / dof) * grad_var * (input - mean);
       }
     }

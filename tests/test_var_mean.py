@@ -262,6 +262,25 @@ def test_derivatives_as_torch(device, dim, keepdim, correction):
                                            msg=lambda m: f"{outputs} {what}: {m}")
 
 
+IN_PLACE = {"mean.sub_(1)": lambda var, mean: mean.sub_(1), "var.mul_(2)": lambda var, mean: var.mul_(2),
+            "mean.zero_()": lambda var, mean: mean.zero_(), "nothing": lambda var, mean: None}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("change", list(IN_PLACE))
+def test_outputs_changed_in_place_keep_the_backward(device, change):
+    """torch's backward saves the input alone, so changing var or mean in place after the call leaves the gradient
+    as it was: ours too (it keeps the mean by value and recomputes it where the output changed)."""
+    x = torch.randn(3, 5, dtype=torch.float64, device=device)
+    grads = []
+    for op in (torch_reduce.var_mean, torch.var_mean):
+        leaf = x.clone().requires_grad_()
+        var, mean = op(leaf, 1)
+        IN_PLACE[change](var, mean)
+        grads.append(torch.autograd.grad(var.sum() + (mean * mean).sum(), leaf)[0])
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+
+
 # Complex inputs, as torch.var_mean takes them: the variance (real) is E|x - mean|^2, the mean complex.
 COMPLEX_TOL = {torch.complex32: dict(rtol=1e-3, atol=1e-3), torch.complex64: dict(rtol=1e-5, atol=1e-5),
                torch.complex128: dict(rtol=1e-12, atol=1e-12)}
