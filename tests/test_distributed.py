@@ -12,6 +12,8 @@ import functools
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 import traceback
 import warnings
@@ -25,6 +27,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import torch_reduce
+from conftest import subprocess_env
 from torch_reduce import distributed as reduce_dist
 
 if not (dist.is_available() and dist.is_gloo_available()):
@@ -858,3 +861,48 @@ def test_case(outcomes, case):
     seed, reports = outcomes
     for rank, report in enumerate(reports):
         assert report[case] == "passed", f"rank {rank} (replay with TORCH_REDUCE_SEED={seed}):\n{report[case]}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shards", [[[0.0, 0.0], [2.5e19, 2.5e19]], [[3e38] * 3, [-3e38] * 2]], ids=["var", "mean"])
+def test_fold_keeps_moments_in_range(shards, dtype):
+    """Shards whose variance (the first) or mean (the second; its variance is beyond the range) is within float32's
+    range, though their M2 or the fold's |delta|^2 is not: the fold (float64 moments) gives the whole tensor's
+    variance and mean, rounded to the dtype (finite where they fit), not inf."""
+    parts = [torch.tensor(s, dtype=dtype).view(-1, 1) for s in shards]
+    moments = [reduce_dist._local_moments(p, [0]) for p in parts]
+    count, mean, m2 = reduce_dist._fold_moments(*(torch.stack(m) for m in zip(*moments)))
+    var = reduce_dist._variance(count, m2, 1).to(dtype)
+    want_var, want_mean = torch.var_mean(torch.cat(parts).double(), 0, keepdim=True)
+    torch.testing.assert_close(var.double(), want_var.to(dtype).double(), rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(mean.to(dtype).double(), want_mean.to(dtype).double(), rtol=2 ** -7, atol=0)
+
+
+WRONG_CALLS_SCRIPT = """
+import torch, torch.distributed as dist, torch_reduce
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Shard
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+x = distribute_tensor(torch.randn(4, 3), init_device_mesh("cpu", (1,)), [Shard(0)])
+for op in (torch_reduce.distributed.sum, torch_reduce.distributed.var_mean):
+    try:
+        op(x, 0)
+        raise SystemExit("a DTensor was taken")
+    except TypeError as error:
+        assert "not a DTensor" in str(error) and ".to_local()" in str(error), error
+try:
+    torch_reduce.distributed.sum(torch.ones(2), group=dist.GroupMember.NON_GROUP_MEMBER)
+    raise SystemExit("a rank outside the group reduced")
+except ValueError as error:
+    assert "rank 0 is not in the group" in str(error), error
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_wrong_calls_say_what_to_call():
+    """A DTensor passed to the process-group reductions, and a rank that new_group left out calling them: errors
+    that say what to do, not one from deep inside torch (aten.cat of mixed tensors; an unsupported group type)."""
+    run = subprocess.run([sys.executable, "-c", WRONG_CALLS_SCRIPT], capture_output=True, text=True, timeout=120,
+                         env=subprocess_env(OMP_NUM_THREADS="1"))
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout[-2000:] + run.stderr[-3000:]

@@ -542,9 +542,12 @@ def test_non_finite_gradients(ord, bad, device):
 def test_norms_beyond_the_dtypes_range_like_torch(ord, dtype, device):
     """Gradients whose sum |g|^p overflows float32, or whose norm overflows its dtype: torch's totals (inf, so a clip
     zeroes the gradients; 0 for order -2, whose terms overflow for the tiny element; finite in float64), not an
-    error converting the norm and not the finite norm of a wider fold. The CPU kernels fold in double."""
+    error converting the norm and not the finite norm of a wider fold; and terms that underflow float32 (1e-30
+    squared: a norm of 0; 1e30 to the power -2: a norm of order -2 of inf), as torch's. The CPU kernels fold in
+    double, each term rounded as float32's fold rounds it."""
     big, tiny = torch.finfo(dtype).max / 2, torch.finfo(dtype).tiny
-    values = [[big, big, 1.0], [1e20, -1e20, 3.0], [tiny, 2.0, 1.0], [1.0, 2.0, -2.0]]
+    values = [[big, big, 1.0], [1e20, -1e20, 3.0], [tiny, 2.0, 1.0], [1.0, 2.0, -2.0], [1e-30, -1e-30, 1e-30],
+              [1e30, 1e30, -1e30]]
     tensors = [torch.tensor(v, dtype=dtype, device=device) for v in values]
     for got, want in zip(torch_reduce.foreach_norm(tensors, ord), torch._foreach_norm(tensors, ord)):
         torch.testing.assert_close(got, want, **TORCH_TOL[dtype])

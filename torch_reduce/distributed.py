@@ -4,7 +4,8 @@
 order (shards may differ in size along dim 0; the other dims must agree on every rank). Each rank runs our
 local kernel, then one all_gather of the per-rank partials, then folds them in rank order, so every rank gets
 the same bits: a plain sum for ``sum``; Chan's pairwise update of (count, mean, M2) for ``var_mean``.
-Partials are float32 for 16-bit inputs (float64 for float64); results have torch's dtypes. Works with gloo
+``sum``'s partials are float32 for 16-bit inputs (float64 for float64), ``var_mean``'s moments float64
+(complex128); results have torch's dtypes. Works with gloo
 (CPU tensors) and NCCL (CUDA tensors). The results carry no gradient.
 
 Importing this module (``import torch_reduce`` does) also registers DTensor rules for torch_reduce's ops,
@@ -68,6 +69,9 @@ def var_mean(input: torch.Tensor, dim: Dims = None, *, correction: Optional[Numb
 
 def _cross_rank_dims(input: torch.Tensor, dim: Dims, op: str) -> list[int]:
     """The reduced dims, wrapped: every dim for None or (); refuses a reduction that does not cross ranks."""
+    if type(input).__name__ == "DTensor":
+        raise TypeError(f"torch_reduce.distributed.{op} takes each rank's own tensor (its shard), not a DTensor: "
+                        f"torch_reduce.{op} reduces a DTensor itself (or pass its .to_local())")
     ndim = input.dim()
     if ndim == 0:
         raise ValueError(f"torch_reduce.distributed.{op}: the input is a 0-dim tensor; ranks' shards are "
@@ -96,6 +100,9 @@ def _all_gather(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Te
     if not dist.is_available():
         raise RuntimeError("torch_reduce.distributed needs torch.distributed, which this build of torch lacks")
     from torch.distributed import _functional_collectives as collectives
+    if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:  # new_group gives it to those left out
+        raise ValueError(f"torch_reduce.distributed: rank {dist.get_rank()} is not in the group it was given; "
+                         "the reduction gathers from the group's ranks, so only they call it")
     group = group or dist.group.WORLD
     world = dist.get_world_size(group)
     # A functional collective (what DTensor itself calls), so that torch.compile traces it: the in-place
@@ -108,9 +115,11 @@ def _all_gather(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Te
 
 
 def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(count, mean, M2) of ``input`` over ``dims`` (kept as size 1) from our var_mean kernel: count a 1-element
-    int64 tensor, mean and M2 = var * count in float32 for 16-bit inputs (complex64 and float32 for complex32),
-    else the input's dtype (M2 real for a complex input: the sum of |x - mean|^2)."""
+    """(count, mean, M2) of ``input`` over ``dims`` (kept as size 1) from our var_mean kernel (in float32 for
+    16-bit inputs, complex64 for complex32): count a 1-element int64 tensor, mean and M2 = var * count in float64
+    (complex128 for a complex mean; M2 real, the sum of |x - mean|^2), so that neither M2 nor the fold's
+    |delta|^2 leaves float32's range where the variance itself is within it (a shard of 0s beside one of 2.5e19s:
+    variance 2.1e38, where float32 moments give inf)."""
     source = {torch.complex32: torch.complex64}.get(input.dtype, torch.float32 if input.dtype in _HALF_FLOATS else
                                                     input.dtype)
     source = input.to(source)
@@ -118,7 +127,8 @@ def _local_moments(input: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, 
     # An empty shard's moments are NaN, and the fold skips it; correction -1 spares it var_mean's warning that no
     # degrees of freedom are left.
     var, mean = functional.var_mean(source, dims, correction=0 if count else -1, keepdim=True)
-    return torch.full((1,), count, dtype=torch.int64, device=input.device), mean, var * count
+    wide = torch.complex128 if mean.is_complex() else torch.float64
+    return torch.full((1,), count, dtype=torch.int64, device=input.device), mean.to(wide), var.double() * count
 
 
 # Every dtype torch has, numbered the same in every process of one torch (aliases share a number).
@@ -182,15 +192,16 @@ def _fold_moments(counts: torch.Tensor, means: torch.Tensor,
                   m2s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold stacked (count, mean, M2) in order with Chan, Golub and LeVeque's pairwise update:
     mean = mean_a + delta * n_b / n, M2 = M2_a + M2_b + |delta|^2 * n_a * n_b / n (delta = mean_b - mean_a).
-    No sum of squares is formed, so there is no cancellation; an empty part (count 0, NaN moments) is skipped."""
+    No sum of squares is formed, so there is no cancellation; an empty part (count 0, NaN moments) is skipped.
+    The moments are float64 (complex128) from _local_moments, and stay so until the variance is formed."""
     count, mean, m2 = counts[0], means[0], m2s[0]
     for count_b, mean_b, m2_b in zip(counts[1:], means[1:], m2s[1:]):
         total = count + count_b
-        share_b = count_b.double() / total.clamp_min(1).double()  # n_b / n, in float64 until applied
+        share_b = count_b.double() / total.clamp_min(1).double()  # n_b / n
         delta = mean_b - mean
         squared = delta.abs().square() if delta.is_complex() else delta * delta
-        merged_mean = mean + delta * share_b.to(m2.dtype)
-        merged_m2 = m2 + m2_b + squared * (count.double() * share_b).to(m2.dtype)
+        merged_mean = mean + delta * share_b
+        merged_m2 = m2 + m2_b + squared * (count.double() * share_b)
         a_empty, b_empty = count == 0, count_b == 0
         mean = torch.where(b_empty, mean, torch.where(a_empty, mean_b, merged_mean))
         m2 = torch.where(b_empty, m2, torch.where(a_empty, m2_b, merged_m2))
@@ -201,7 +212,7 @@ def _fold_moments(counts: torch.Tensor, means: torch.Tensor,
 def _variance(count: torch.Tensor, m2: torch.Tensor, correction: Optional[Number]) -> torch.Tensor:
     """M2 / max(0, count - correction), torch's divisor (correction None means 1)."""
     correction = 1 if correction is None else correction
-    return m2 / (count.double() - correction).clamp_min(0).to(m2.dtype)
+    return m2 / (count.double() - correction).clamp_min(0)
 
 
 # -------------------------------------------------------------------------------------- DTensor rules ----

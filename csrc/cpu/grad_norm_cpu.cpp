@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "common/dispatch.h"
@@ -28,7 +29,7 @@ bool folds_wide(const std::vector<at::Tensor>& tensors, std::optional<at::Scalar
 // 0). The folds here run in double, but a list the GPU folds in float32 gets the GPU's and torch's norm where that
 // sum overflows (a float32 gradient of 1e20s: inf, so clipping zeroes it, as torch's), not a finite one.
 double in_fold_range(double accumulator, bool wide) {
-  const bool beyond = !wide && accumulator > std::numeric_limits<float>::max();
+  const bool beyond = !wide && std::isinf(static_cast<float>(accumulator));  // rounds past float32's largest
   return beyond ? std::numeric_limits<double>::infinity() : accumulator;
 }
 
@@ -40,9 +41,12 @@ at::Tensor scalar_norm(double norm, const at::TensorOptions& options) {
   return at::scalar_tensor(norm, options);
 }
 
-// Each tensor's accumulator (unprojected) under `ops`, folded in order from its chunks.
+// Each tensor's accumulator (unprojected) under `ops`, folded in order from its chunks. Each element's term
+// (|x|^p) rounded to float32 unless the list folds wide: a term beyond float32's range is 0 or inf there, as in
+// the GPU's and torch's float32 folds (1e-30 squared is 0: a norm of 1e-30s is 0; 1e30 to the power -2 is 0,
+// so the norm of order -2 of 1e30s is inf), not the exact norm a double fold would give.
 template <typename Ops>
-std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, const Ops& ops) {
+std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, const Ops& ops, bool wide) {
   std::vector<int64_t> first_chunk(dense.size() + 1, 0);
   for (size_t i = 0; i < dense.size(); ++i) first_chunk[i + 1] = first_chunk[i] + chunks_of(dense[i]);
   std::vector<double> partials(first_chunk.back());
@@ -54,7 +58,10 @@ std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, co
       TORCH_REDUCE_DISPATCH_FLOATING(t.scalar_type(), "reduce::foreach_norm", [&] {
         const scalar_t* x = t.const_data_ptr<scalar_t>() + offset;
         double acc = Ops::identity();
-        for (int64_t k = 0; k < n; ++k) acc = ops(acc, load_element<double>(ops, x[k]));
+        for (int64_t k = 0; k < n; ++k) {
+          const double term = load_element<double>(ops, x[k]);
+          acc = ops(acc, wide ? term : static_cast<double>(static_cast<float>(term)));
+        }
         partials[c] = acc;
       });
     }
@@ -94,7 +101,7 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
   norms.reserve(tensors.size());
   const bool wide = folds_wide(dense, real.dtype);
   with_norm_ops<double>(ord, [&](auto ops) {
-    const std::vector<double> accumulators = tensor_accumulators(dense, ops);
+    const std::vector<double> accumulators = tensor_accumulators(dense, ops, wide);
     for (size_t i = 0; i < dense.size(); ++i) {
       const double folded = project_result(ops, in_fold_range(accumulators[i], wide));
       const double norm = one_element_or(tensors[i], ord, folded);
@@ -112,7 +119,7 @@ at::Tensor total_norm(at::TensorList tensors, double ord) {
   double total = 0;
   with_norm_ops<double>(ord, [&](auto ops) {
     double acc = decltype(ops)::identity();
-    for (double a : tensor_accumulators(dense, ops)) acc = ops(acc, tensor_contribution(ops, in_fold_range(a, wide)));
+    for (double a : tensor_accumulators(dense, ops, wide)) acc = ops(acc, tensor_contribution(ops, in_fold_range(a, wide)));
     total = project_result(ops, in_fold_range(acc, wide));
   });
   if (tensors.size() == 1) total = one_element_or(tensors[0], ord, total);
