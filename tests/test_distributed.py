@@ -906,3 +906,12 @@ def test_wrong_calls_say_what_to_call():
     run = subprocess.run([sys.executable, "-c", WRONG_CALLS_SCRIPT], capture_output=True, text=True, timeout=120,
                          env=subprocess_env(OMP_NUM_THREADS="1"))
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout[-2000:] + run.stderr[-3000:]
+
+
+def test_parts_of_one_rank_come_back_aligned(monkeypatch):
+    """One rank's gathered bytes are a contiguous slice already: a complex128 mean after the int64 count starts 8
+    bytes in, and must come back as a copy view_as_complex takes (a DTensor var_mean over a mesh dim of size 1)."""
+    monkeypatch.setattr(reduce_dist, "_all_gather", lambda t, group: t.view(1, -1))
+    count, mean, m2 = torch.tensor([3]), torch.randn(2, dtype=torch.complex128), torch.rand(2, dtype=torch.float64)
+    counts, means, m2s = reduce_dist._all_gather_parts([count, mean, m2], None)
+    assert torch.equal(counts[0], count) and torch.equal(means[0], mean) and torch.equal(m2s[0], m2)

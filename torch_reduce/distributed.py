@@ -173,8 +173,9 @@ def _all_gather_parts(parts: list[torch.Tensor], group: Optional[dist.ProcessGro
     stacked = []
     for part, r in zip(parts, real):
         size = r.numel() * r.element_size()
-        # contiguous: view(dtype) and view_as_complex want a fresh, aligned tensor
-        chunk = gathered[:, offset:offset + size].contiguous().view(r.dtype).reshape(world, *r.shape)
+        # A copy: view(dtype) and view_as_complex want a fresh tensor at an aligned offset (with one rank the slice is
+        # contiguous already, and a complex128 part after the int64 count starts 8 bytes in)
+        chunk = gathered[:, offset:offset + size].clone().view(r.dtype).reshape(world, *r.shape)
         stacked.append(torch.view_as_complex(chunk) if part.is_complex() else chunk)
         offset += size
     return stacked
