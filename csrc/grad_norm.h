@@ -79,6 +79,40 @@ TR_HOST_DEVICE T tensor_contribution(const Ops& ops, T tensor_accumulator) {
   }
 }
 
+// torch folds a tensor's norm in float32 unless the tensor (or dtype=) is float64 (its _foreach_norm), and get_total_norm takes the norm of those per-tensor norms, each rounded to its
+// tensor's dtype. Ours fold wider (a list with a float64 tensor in float64, the CPU's in double) and combine the
+// unrounded sums; these two keep torch's range where a narrow tensor's fold or norm leaves it.
+//
+// `ops` with each term that leaves float32's normal range as float32 holds it (inf, a subnormal or 0: 1e-30 squared
+// is 0, as in torch's fold of a float32 or 16-bit tensor); a term within that range stays exact, so the range is
+// torch's and the sum no less accurate than a wide fold's.
+template <typename Ops>
+struct Float32RangeTerms : Ops {
+  using T = decltype(Ops::identity());
+  TR_HOST_DEVICE T transform(T x) const {
+    const T term = Ops::transform(x);
+    const float held = static_cast<float>(term);
+    return std::isinf(held) || std::fabs(held) < std::numeric_limits<float>::min() ? static_cast<T>(held) : term;
+  }
+};
+
+// A tensor's accumulator (unprojected) as torch's fold and norm of it leave it, its norm of C++ type norm_t: where
+// the tensor is narrow and its sum leaves float32's range, or its norm leaves norm_t's (a float16 norm beyond 65504),
+// torch's norm is inf or 0, and so the accumulator becomes that norm's. Elsewhere it stays as folded (closer to the
+// exact norm than torch's rounded one). Counts (order 0) leave no range.
+template <typename norm_t, typename Ops, typename T>
+TR_HOST_DEVICE T in_torch_range(const Ops& ops, T accumulator) {
+  if constexpr (std::is_same_v<norm_t, double> || std::is_base_of_v<NormZeroOp<T>, Ops>) {
+    return accumulator;
+  } else {
+    if (std::isinf(static_cast<float>(accumulator))) accumulator = std::numeric_limits<T>::infinity();
+    const T norm = project_result(ops, accumulator);
+    const T rounded = static_cast<T>(static_cast<norm_t>(norm));
+    const bool leaves_range = (std::isinf(rounded) && !std::isinf(norm)) || (rounded == T(0) && norm != T(0));
+    return leaves_range ? load_element<T>(ops, rounded) : accumulator;
+  }
+}
+
 namespace cpu {
 // The CPU kernels, for every tensor on the CPU; the CUDA kernels call them for a list's CPU tensors.
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);

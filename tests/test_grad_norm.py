@@ -566,6 +566,33 @@ def test_norms_beyond_the_dtypes_range_like_torch(ord, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("narrow,wide", [(torch.float32, torch.float64), (torch.bfloat16, torch.float64),
+                                         (torch.float16, torch.float64), (torch.float16, torch.float32)], ids=str)
+@pytest.mark.parametrize("ord", [2, 1, 3, 0.5, -1, -2, INF], ids=str)
+def test_mixed_lists_beyond_the_narrow_dtypes_range_like_torch(ord, narrow, wide, device):
+    """A list mixing dtypes, its narrow tensors at the edges of their range: torch folds each tensor in float32
+    unless it is float64 and rounds its norm to its dtype, so a float32 gradient of 1e20s beside a float64 one has
+    the norm inf, a float16 one whose norm passes 65504 (or, for a negative order, falls below float16's smallest)
+    inf (0), and the total and the clip follow; ours fold such a list wider, and still give torch's."""
+    values = [[1e20, -1e20, 3.0], [6e4, 6e4, 1.0], [1e-30, -1e-30, 1e-30], [1e30, 1e30, -1e30], [1e-6] * 100,
+              [1e-30] * 3 + [1.0], 3e19, 1e-25, 0.3, [0.3]]  # one element: torch's norm is |x| (not CUDA's order 2)
+    narrow_tensors = [torch.tensor(v, dtype=narrow, device=device) for v in values]
+    for t in narrow_tensors:
+        for chosen in ([t, torch.ones(3, dtype=wide, device=device)], [torch.zeros(2, dtype=wide, device=device), t]):
+            for got, want in zip(torch_reduce.foreach_norm(chosen, ord), torch._foreach_norm(chosen, ord)):
+                torch.testing.assert_close(got, want, **TORCH_TOL[narrow])
+            torch.testing.assert_close(torch_reduce.get_total_norm(chosen, ord),
+                                       torch.nn.utils.get_total_norm(chosen, ord), **TORCH_TOL[narrow])
+            ours, theirs = ([torch.nn.Parameter(torch.zeros_like(g)) for g in chosen] for _ in range(2))
+            for p, q, g in zip(ours, theirs, chosen):
+                p.grad, q.grad = g.clone(), g.clone()
+            torch.testing.assert_close(torch_reduce.clip_grad_norm_(ours, 1.0, ord),
+                                       torch.nn.utils.clip_grad_norm_(theirs, 1.0, ord), **TORCH_TOL[narrow])
+            for p, q in zip(ours, theirs):
+                torch.testing.assert_close(p.grad, q.grad, equal_nan=True, **TORCH_TOL[narrow])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("ord", [2, 3, 0.5, -2, 1, INF], ids=str)
 def test_one_element_tensors_beyond_the_range_like_torch(ord, dtype, device):

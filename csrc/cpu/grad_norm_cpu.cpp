@@ -18,19 +18,17 @@ constexpr int64_t kChunk = 1 << 15;  // elements per task
 
 int64_t chunks_of(const at::Tensor& t) { return (t.numel() + kChunk - 1) / kChunk; }
 
-// Whether the CUDA kernels fold this list in float64 (cuda/grad_norm.cu: a float64 tensor or dtype= in it); else
-// they fold in float32, as torch folds a float32 or 16-bit tensor.
-bool folds_wide(const std::vector<at::Tensor>& tensors, std::optional<at::ScalarType> dtype) {
-  const auto is_double = [](const at::Tensor& t) { return t.scalar_type() == at::kDouble; };
-  return dtype == at::kDouble || std::any_of(tensors.begin(), tensors.end(), is_double);
-}
-
-// An accumulator as a float32 fold ends: inf beyond float32's range (then the norm is inf, or 0 for an order below
-// 0). The folds here run in double, but a list the GPU folds in float32 gets the GPU's and torch's norm where that
-// sum overflows (a float32 gradient of 1e20s: inf, so clipping zeroes it, as torch's), not a finite one.
-double in_fold_range(double accumulator, bool wide) {
-  const bool beyond = !wide && std::isinf(static_cast<float>(accumulator));  // rounds past float32's largest
-  return beyond ? std::numeric_limits<double>::infinity() : accumulator;
+// Whether torch folds each tensor's norm in float32 and rounds it to its dtype, so that ours keeps each term and the
+// tensor's fold in torch's range (Float32RangeTerms, in_torch_range): a float32 or 16-bit tensor
+// without dtype=float64, but for a one-element tensor whose norm is its element's magnitude (norm_is_magnitude) in a
+// total folded in float64 (`wide_total`), which that |x| enters unrounded.
+std::vector<char> narrow_folds(at::TensorList tensors, const std::vector<at::Tensor>& dense, double ord,
+                               std::optional<at::ScalarType> dtype, bool wide_total) {
+  std::vector<char> narrow(dense.size());
+  for (size_t i = 0; i < dense.size(); ++i)
+    narrow[i] = dtype != at::kDouble && dense[i].scalar_type() != at::kDouble &&
+                !(wide_total && norm_is_magnitude(tensors[i], ord));
+  return narrow;
 }
 
 // A norm as a 0-dim tensor of `options`, rounded as a cast rounds (at::scalar_tensor refuses a double beyond
@@ -41,15 +39,19 @@ at::Tensor scalar_norm(double norm, const at::TensorOptions& options) {
   return at::scalar_tensor(norm, options);
 }
 
-// Each tensor's accumulator (unprojected) under `ops`, folded in order from its chunks. Each element's term
-// (|x|^p) rounded to float32 unless the list folds wide: a term beyond float32's range is 0 or inf there, as in
-// the GPU's and torch's float32 folds (1e-30 squared is 0: a norm of 1e-30s is 0; 1e30 to the power -2 is 0,
-// so the norm of order -2 of 1e30s is inf), not the exact norm a double fold would give.
+// Each tensor's accumulator (unprojected) under `ops`, folded in order from its chunks, in double: a narrow tensor's
+// terms in float32's range (Float32RangeTerms).
 template <typename Ops>
-std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, const Ops& ops, bool wide) {
+std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, const Ops& ops,
+                                        const std::vector<char>& narrow) {
   std::vector<int64_t> first_chunk(dense.size() + 1, 0);
   for (size_t i = 0; i < dense.size(); ++i) first_chunk[i + 1] = first_chunk[i] + chunks_of(dense[i]);
   std::vector<double> partials(first_chunk.back());
+  const auto fold = [&](const auto& chunk_ops, const auto* x, int64_t n) {
+    double acc = Ops::identity();
+    for (int64_t k = 0; k < n; ++k) acc = chunk_ops(acc, load_element<double>(chunk_ops, x[k]));
+    return acc;
+  };
   at::parallel_for(0, first_chunk.back(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const size_t i = std::upper_bound(first_chunk.begin(), first_chunk.end(), c) - first_chunk.begin() - 1;
@@ -57,12 +59,7 @@ std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, co
       const int64_t offset = (c - first_chunk[i]) * kChunk, n = std::min(kChunk, t.numel() - offset);
       TORCH_REDUCE_DISPATCH_FLOATING(t.scalar_type(), "reduce::foreach_norm", [&] {
         const scalar_t* x = t.const_data_ptr<scalar_t>() + offset;
-        double acc = Ops::identity();
-        for (int64_t k = 0; k < n; ++k) {
-          const double term = load_element<double>(ops, x[k]);
-          acc = ops(acc, wide ? term : static_cast<double>(static_cast<float>(term)));
-        }
-        partials[c] = acc;
+        partials[c] = narrow[i] ? fold(Float32RangeTerms<Ops>{ops}, x, n) : fold(ops, x, n);
       });
     }
   });
@@ -73,6 +70,17 @@ std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, co
     accumulators[i] = acc;
   }
   return accumulators;
+}
+
+// A narrow tensor's accumulator in torch's range for a norm of dtype `norm_type` (in_torch_range).
+template <typename Ops>
+double in_torch_range_of(bool narrow, at::ScalarType norm_type, const Ops& ops, double accumulator) {
+  double in_range = accumulator;
+  if (!narrow) return in_range;
+  TORCH_REDUCE_DISPATCH_FLOATING(norm_type, "reduce::foreach_norm", [&] {
+    in_range = in_torch_range<scalar_t>(ops, accumulator);
+  });
+  return in_range;
 }
 
 // The magnitude of t's one element (norm_is_magnitude), else the folded norm.
@@ -99,13 +107,13 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
   const std::vector<at::Tensor> dense = dense_list(real.tensors, op);
   std::vector<at::Tensor> norms;
   norms.reserve(tensors.size());
-  const bool wide = folds_wide(dense, real.dtype);
   with_norm_ops<double>(ord, [&](auto ops) {
-    const std::vector<double> accumulators = tensor_accumulators(dense, ops, wide);
+    const std::vector<char> narrow = narrow_folds(tensors, dense, ord, real.dtype, false);
+    const std::vector<double> accumulators = tensor_accumulators(dense, ops, narrow);
     for (size_t i = 0; i < dense.size(); ++i) {
-      const double folded = project_result(ops, in_fold_range(accumulators[i], wide));
-      const double norm = one_element_or(tensors[i], ord, folded);
-      norms.push_back(scalar_norm(norm, dense[i].options().dtype(real.dtype.value_or(dense[i].scalar_type()))));
+      const at::ScalarType norm_type = real.dtype.value_or(dense[i].scalar_type());
+      const double folded = project_result(ops, in_torch_range_of(narrow[i], norm_type, ops, accumulators[i]));
+      norms.push_back(scalar_norm(one_element_or(tensors[i], ord, folded), dense[i].options().dtype(norm_type)));
     }
   });
   return norms;
@@ -115,15 +123,21 @@ at::Tensor total_norm(at::TensorList tensors, double ord) {
   const char* op = "reduce::total_norm";
   check_norm_list(tensors, ord, std::nullopt);
   const std::vector<at::Tensor> dense = dense_list(real_operands(tensors, ord, std::nullopt).tensors, op);
-  const bool wide = folds_wide(dense, std::nullopt);
+  const at::ScalarType total_type = total_norm_dtype(tensors);
   double total = 0;
   with_norm_ops<double>(ord, [&](auto ops) {
+    const std::vector<char> narrow = narrow_folds(tensors, dense, ord, std::nullopt, total_type == at::kDouble);
+    const std::vector<double> accumulators = tensor_accumulators(dense, ops, narrow);
     double acc = decltype(ops)::identity();
-    for (double a : tensor_accumulators(dense, ops, wide)) acc = ops(acc, tensor_contribution(ops, in_fold_range(a, wide)));
-    total = project_result(ops, in_fold_range(acc, wide));
+    for (size_t i = 0; i < dense.size(); ++i) {
+      const double in_range = in_torch_range_of(narrow[i], dense[i].scalar_type(), ops, accumulators[i]);
+      acc = ops(acc, tensor_contribution(ops, in_range));
+    }
+    // The norm of the tensors' norms in total_type, as torch's: in float32 but for a float64 total.
+    total = project_result(ops, total_type == at::kDouble ? acc : in_torch_range<float>(ops, acc));
   });
   if (tensors.size() == 1) total = one_element_or(tensors[0], ord, total);
-  return scalar_norm(total, tensors[0].options().dtype(total_norm_dtype(tensors)));
+  return scalar_norm(total, tensors[0].options().dtype(total_type));
 }
 
 void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {

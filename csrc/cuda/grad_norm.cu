@@ -2,10 +2,12 @@
 //   norm_partials_kernel  the list cut into chunks of kListChunkBytes; a persistent grid (as many blocks as the
 //                         GPU holds at once) whose warps stride over the chunks, a chunk a warp, so a list of
 //                         small tensors (1,000 of 256 floats) runs at once and a large one is shared evenly; each
-//                         chunk's fold, in float32 (float64 when the list holds float64), to its own partial;
+//                         chunk's fold, in float32 (float64 when the list holds float64, a narrower tensor's
+//                         terms kept in float32's range), to its own partial;
 //   norm_fold_kernel      one block: each tensor's partials folded in order by a thread, a warp or the whole
 //                         block, by their count, into its norm (foreach_norm); then the block folds the tensors'
-//                         accumulators in a fixed tree into the total (total_norm).
+//                         accumulators, each in torch's range for its dtype (in_torch_range), in a fixed tree
+//                         into the total (total_norm).
 // No float atomics, and nothing depends on which warp ran a chunk: the same list gives the same bits on every run.
 //   clip_scale_kernel     every gradient times torch's clip coefficient, which each thread computes from the total
 //                         on the device, in the total's dtype with torch's roundings: no host sync (a coefficient
@@ -89,7 +91,7 @@ struct FoldTable {
   // The tensors the fold kernel folds, all but those of one chunk (whose partial is their accumulator, stored by
   // the partials kernel): [0, warp_folded) of at most kFoldWarpChunks chunks, a warp each; then the larger.
   int32_t folded[kCapacity];
-  Element element[kCapacity];          // the norms' types
+  Element element[kCapacity];          // the norms' types (the tensors' for a total): their range (in_torch_range)
   int32_t count, warp_folded, folded_count;
   bool stores_norms;                   // foreach_norm
 };
@@ -166,6 +168,17 @@ __global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMult
     acc_t acc = Ops::identity();
     with_element(table.element[i], [&](auto zero) {
       using scalar_t = decltype(zero);
+      // A float32 or 16-bit tensor in a float64 fold: its terms in float32's range, as torch's fold of it, but for
+      // a one-element tensor whose norm is its element's magnitude (norm_is_magnitude: every order but 2 here).
+      constexpr bool kNarrowInWide = std::is_same_v<acc_t, double> && !std::is_same_v<scalar_t, double>;
+      const bool magnitude = table.numel[i] == 1 && !std::is_same_v<Ops, NormTwoOp<acc_t>>;
+      const auto term_ops = [&] {
+        if constexpr (kNarrowInWide) {
+          return Float32RangeTerms<Ops>{ops};
+        } else {
+          return ops;
+        }
+      }();
       const int64_t offset = (chunk - table.first_chunk[i]) * kChunkElements<Tuning, scalar_t>;
       const scalar_t* x = static_cast<const scalar_t*>(table.data[i]) + offset;
       const auto* vectors = reinterpret_cast<const Vec16<scalar_t>*>(x);
@@ -175,9 +188,11 @@ __global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMult
 #pragma unroll
             for (int j = 0; j < loads(); ++j) held[j] = load_vector(vectors + k + j * kWarpSize);
 #pragma unroll
-            for (int j = 0; j < loads(); ++j) acc = ops(acc, fold_vector<acc_t>(held[j], ops));
+            for (int j = 0; j < loads(); ++j) acc = ops(acc, fold_vector<acc_t>(held[j], term_ops));
           },
-          [&](int64_t k) { acc = ops(acc, load_element<acc_t>(ops, x[k])); });
+          [&](int64_t k) {
+            acc = ops(acc, magnitude ? load_element<acc_t>(ops, x[k]) : load_element<acc_t>(term_ops, x[k]));
+          });
     });
     acc = warp_reduce(acc, ops);
     if (lane_id() == 0) {
@@ -223,7 +238,10 @@ __global__ void __launch_bounds__(Tuning::kFoldBlock)
   __syncthreads();  // every accumulator stored
   acc_t acc = Ops::identity();
   for (int i = threadIdx.x; i < table.count; i += Tuning::kFoldBlock) {
-    const acc_t tensor_accumulator = accumulators[i];
+    acc_t tensor_accumulator;
+    with_element(table.element[i], [&](auto zero) {
+      tensor_accumulator = in_torch_range<decltype(zero)>(ops, accumulators[i]);
+    });
     if (table.stores_norms) store(table.norm[i], table.element[i], project_result(ops, tensor_accumulator));
     acc = ops(acc, tensor_contribution(ops, tensor_accumulator));
   }
@@ -354,16 +372,20 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
         FoldTable<Tuning::kListTensors> fold;
         fold.count = table.count;
         fold.stores_norms = !norms.empty();
-        std::vector<int32_t> wide;
+        std::vector<int32_t> block_folded;  // tensors of more than kFoldWarpChunks chunks
         int32_t listed = 0;
         for (int32_t k = 0; k <= table.count; ++k) fold.first_chunk[k] = table.first_chunk[k];
         for (int32_t k = 0; k < table.count; ++k) {
           const int64_t tensor_chunks = table.first_chunk[k + 1] - table.first_chunk[k];
           if (tensor_chunks > Tuning::kFoldWarpChunks) {
-            wide.push_back(k);
+            block_folded.push_back(k);
           } else if (tensor_chunks != 1) {
             fold.folded[listed++] = k;
           }
+          // A total's range is its tensors' (in_torch_range), but for a one-element tensor whose norm is its
+          // magnitude, which enters a float64 total unrounded.
+          const bool magnitude = table.numel[k] == 1 && ord != 2;
+          fold.element[k] = wide && magnitude ? Element::Double : table.element[k];
           if (fold.stores_norms) {
             const at::Tensor& norm = norms[g * Tuning::kListTensors + k];
             fold.norm[k] = norm.data_ptr();
@@ -371,7 +393,7 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
           }
         }
         fold.warp_folded = listed;
-        for (int32_t k : wide) fold.folded[listed++] = k;
+        for (int32_t k : block_folded) fold.folded[listed++] = k;
         fold.folded_count = listed;
         const bool stores_total = total.defined() && tables == 1;
         norm_fold_kernel<Tuning, Ops, acc_t><<<1, Tuning::kFoldBlock, 0, stream>>>(
