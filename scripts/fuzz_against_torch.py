@@ -5,7 +5,9 @@ transposed, sliced), each against a float64 reference. A call fails when our err
 the same call and a floor of a few units of the dtype's rounding, both measured against the natural scale of the
 result (the reduction of |x| for a sum or mean, the column sums of |dy| (|xhat| + |x| rstd) for a weight gradient),
 or when our parameter gradients differ between two runs (they are fixed-order folds), when a fused add's sum is not
-x + r, or when a clipped gradient is not what torch's clip_grads_with_norm_ gives with our total. Prints the failures;
+x + r, when a gradient norm is inf, NaN or 0 where torch's is not (or the reverse: gradients at the edges of the
+dtypes' range among them), or when a clipped gradient is not what torch's clip_grads_with_norm_ gives with our total.
+Prints the failures;
 exits 1 if any.
 
     python3 scripts/fuzz_against_torch.py [--device cuda] [--seconds 80] [--seed 11]
@@ -62,6 +64,12 @@ class Fuzz:
             return
         if not mine <= max(4 * torchs, FLOOR[dtype] * floor_units):
             self.fail(f"{what}: ours err {mine:.3g}, torch's {torchs:.3g} (scale {scale:.3g})")
+
+    def same_range(self, what, ours, theirs):
+        """A norm that is inf, NaN or 0 where torch's is not, or the reverse (judge's bound is inf where torch's is)."""
+        kinds = lambda t: (t.isinf(), t.isnan(), t == 0)  # noqa: E731
+        if any(not torch.equal(a, b) for a, b in zip(kinds(ours), kinds(theirs))):
+            self.fail(f"{what}: ours {ours.item():.4g}, torch's {theirs.item():.4g}")
 
     # ------------------------------------------------------------------------------------------- norms ----
     def hidden(self):
@@ -248,7 +256,9 @@ class Fuzz:
                   for _ in range(n)]
         if sum(math.prod(s) for s in shapes) > self.clip_cap:
             return
-        grads = [self.tensor(s, d, rng.choice(LAYOUTS) if s else "contiguous") * rng.choice([1.0, 1e-3, 10.0])
+        # Now and then magnitudes at the edges of float32's and float16's range, whose norms torch gives as inf or 0.
+        scales = [1.0, 1e-3, 10.0] * 4 + [1e19, 3e4, 1e-22, 1e-5]
+        grads = [self.tensor(s, d, rng.choice(LAYOUTS) if s else "contiguous") * rng.choice(scales)
                  for s, d in zip(shapes, dtypes)]
         order = rng.choice([2.0, 2.0, 1.0, math.inf, 0.5, 3.0, -math.inf, 0.0])
         max_norm, foreach = rng.choice([0.1, 1.0, 1e6]), rng.choice([None, True, False])
@@ -274,6 +284,7 @@ class Fuzz:
         worst = max(dtypes, key=lambda d: torch.finfo(d).eps)
         if (mine.dtype, mine.shape) != (torchs.dtype, torchs.shape):
             self.fail(f"{desc}: the total is {mine.dtype}, torch's {torchs.dtype}")
+        self.same_range(f"{desc}: total", mine, torchs)
         self.judge(f"{desc}: total", mine, torchs, total, 0.0, worst)
         # Given our total, torch's scaling gives the values ours must (its mul's casts and promotions), to the bit.
         scaled = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
@@ -320,6 +331,7 @@ class Fuzz:
                 self.fail(f"{desc}: a norm of {t.dtype} is {a.dtype} {tuple(a.shape)}, torch's {b.dtype} "
                           f"{tuple(b.shape)}")
                 continue
+            self.same_range(f"{desc}: norm of {tuple(t.shape)} {t.dtype}", a, b)
             self.judge(f"{desc}: norm of {tuple(t.shape)} {t.dtype}", a, b,
                        torch.linalg.vector_norm(t.double(), order), 0.0, a.dtype)
         self.counts["foreach_norm"] = self.counts.get("foreach_norm", 0) + 1
