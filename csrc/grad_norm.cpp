@@ -62,7 +62,7 @@ void check_not_inference(const at::Tensor& g) {
 }
 
 bool norm_is_magnitude(const at::Tensor& t, double ord) {
-  return t.numel() == 1 && ord != 0 && !std::isnan(ord) && !(t.is_cuda() && ord == 2);
+  return t.numel() == 1 && ord != 0 && !(t.is_cuda() && (ord == 2 || std::isnan(ord)));
 }
 
 at::ScalarType total_norm_dtype(at::TensorList tensors) {
@@ -79,16 +79,24 @@ at::Tensor pairs_of(const at::Tensor& t) { return at::view_as_real(t.is_conj() ?
 
 }  // namespace
 
+at::Tensor magnitudes(const at::Tensor& t, std::optional<at::ScalarType> dtype) {
+  if (!t.is_complex()) return at::abs(t);
+  at::ScalarType type = t.scalar_type() == at::kComplexHalf ? at::kComplexFloat : t.scalar_type();
+  if (dtype) type = at::promoteTypes(type, *dtype);
+  return at::abs(t.to(type));
+}
+
 NormOperands real_operands(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
-  NormOperands operands{{}, dtype ? std::optional(c10::toRealValueType(*dtype)) : std::nullopt};
+  NormOperands operands{{}, dtype ? std::optional(c10::toRealValueType(*dtype)) : std::nullopt, {}};
   operands.tensors.reserve(tensors.size());
   for (const at::Tensor& t : tensors) {
+    operands.norm_types.push_back(operands.dtype.value_or(c10::toRealValueType(t.scalar_type())));
     if (!t.is_complex()) {
       operands.tensors.push_back(t);
     } else if (ord == 2) {
       operands.tensors.push_back(pairs_of(t));  // sum |z|^2 = sum re^2 + im^2: no copy
     } else {
-      operands.tensors.push_back(at::abs(t));
+      operands.tensors.push_back(magnitudes(t, dtype));
     }
   }
   return operands;

@@ -33,9 +33,9 @@ void check_scalable(const at::Tensor& g);
 void check_not_inference(const at::Tensor& g);
 
 // Whether torch's norm of `t` is its one element's magnitude, not the root of a fold of |x|^p (inf or 0 where that
-// leaves float32's range: a 0-dim float32 gradient of 3e19 at order 3): on the CPU always (a fold of one element
-// runs in double there), on the GPU except at order 2, which _foreach_norm's float32 kernel folds (orders 1 and inf
-// give the magnitude either way); never at order 0 or NaN.
+// leaves float32's range: a 0-dim float32 gradient of 3e19 at order 3): on the CPU at every order but 0 (NaN
+// included: no fold of one element there), on the GPU except at orders 2 and NaN, which _foreach_norm's kernel folds
+// (orders 1 and inf give the magnitude either way).
 bool norm_is_magnitude(const at::Tensor& t, double ord);
 
 // total_norm's dtype: the real types of the tensors' dtypes promoted, as torch.stack promotes the per-tensor norms.
@@ -43,12 +43,16 @@ at::ScalarType total_norm_dtype(at::TensorList tensors);
 
 // What the kernels, which read real numbers, take for a list: a complex tensor's norm is its magnitudes' (a real
 // norm in the real type of dtype=). Order 2 reads the (real, imaginary) pairs in place (the same sum of squares);
-// the other orders read |z|, computed first (torch's abs).
+// the other orders read |z|, computed first (magnitudes).
 struct NormOperands {
   std::vector<at::Tensor> tensors;
-  std::optional<at::ScalarType> dtype;
+  std::optional<at::ScalarType> dtype;     // dtype='s real type
+  std::vector<at::ScalarType> norm_types;  // each norm's: dtype='s, else its tensor's real type
 };
 NormOperands real_operands(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
+// |x| of each element; for a complex tensor computed as torch's norm kernels compute it: in dtype= where given (a
+// complex dtype), complex32's in complex64.
+at::Tensor magnitudes(const at::Tensor& t, std::optional<at::ScalarType> dtype);
 // The gradients as the scaling kernels take them: a complex one as its (real, imaginary) pairs, in place.
 std::vector<at::Tensor> real_views(at::TensorList grads);
 
@@ -68,20 +72,25 @@ at::Tensor clip_coefficient(const at::Tensor& total_norm, double max_norm);
 // (each total a count of tensors with a non-zero element) their sum.
 at::Tensor combine_totals(const std::vector<at::Tensor>& totals, double ord);
 
-// What a tensor's fold contributes to the total's: its accumulator, or for order 0 whether it counted any
-// non-zero element (torch's total 0-norm counts tensors, the 0-norm of the per-tensor norms).
+// What a tensor's fold contributes to the total's, torch's norm of the per-tensor norms: its accumulator; for order
+// 0 whether it counted any non-zero element (torch's total 0-norm counts tensors); for order NaN the term of its norm
+// (NaN unless the norm is 1: an empty tensor's, 0, makes the total NaN). The only tensor of a list contributes its
+// accumulator, but for order 0 (torch's norm of one norm is its magnitude).
 template <typename Ops, typename T>
-TR_HOST_DEVICE T tensor_contribution(const Ops& ops, T tensor_accumulator) {
+TR_HOST_DEVICE T tensor_contribution(const Ops& ops, T tensor_accumulator, bool only_tensor) {
   if constexpr (std::is_base_of_v<NormZeroOp<T>, Ops>) {
     return ops.transform(tensor_accumulator);
+  } else if constexpr (std::is_same_v<Ops, NormPOp<T>>) {
+    return ops.p != ops.p && !only_tensor ? ops.transform(ops.project(tensor_accumulator)) : tensor_accumulator;
   } else {
     return tensor_accumulator;
   }
 }
 
-// torch folds a tensor's norm in float32 unless the tensor (or dtype=) is float64 (its _foreach_norm), and get_total_norm takes the norm of those per-tensor norms, each rounded to its
-// tensor's dtype. Ours fold wider (a list with a float64 tensor in float64, the CPU's in double) and combine the
-// unrounded sums; these two keep torch's range where a narrow tensor's fold or norm leaves it.
+// torch folds a tensor's norm in float32 unless the tensor (or dtype=) is float64 (its _foreach_norm), and
+// get_total_norm takes the norm of those per-tensor norms, each rounded to its dtype. Ours fold wider (a list with a
+// float64 tensor in float64, the CPU's in double) and combine the unrounded sums; these two keep torch's range where a
+// tensor's fold or norm leaves it.
 //
 // `ops` with each term that leaves float32's normal range as float32 holds it (inf, a subnormal or 0: 1e-30 squared
 // is 0, as in torch's fold of a float32 or 16-bit tensor); a term within that range stays exact, so the range is
@@ -96,16 +105,16 @@ struct Float32RangeTerms : Ops {
   }
 };
 
-// A tensor's accumulator (unprojected) as torch's fold and norm of it leave it, its norm of C++ type norm_t: where
-// the tensor is narrow and its sum leaves float32's range, or its norm leaves norm_t's (a float16 norm beyond 65504),
-// torch's norm is inf or 0, and so the accumulator becomes that norm's. Elsewhere it stays as folded (closer to the
-// exact norm than torch's rounded one). Counts (order 0) leave no range.
+// A tensor's accumulator (unprojected) as torch's norm of it leaves it, the norm of C++ type norm_t: where a sum that
+// torch folds in float32 (`float32_fold`) leaves float32's range, or the norm leaves norm_t's (a float16 norm beyond
+// 65504), torch's norm is inf or 0, and the accumulator becomes that norm's. Elsewhere it stays as folded (closer to
+// the exact norm than torch's rounded one). Counts (order 0) leave no range.
 template <typename norm_t, typename Ops, typename T>
-TR_HOST_DEVICE T in_torch_range(const Ops& ops, T accumulator) {
+TR_HOST_DEVICE T in_torch_range(const Ops& ops, T accumulator, bool float32_fold) {
   if constexpr (std::is_same_v<norm_t, double> || std::is_base_of_v<NormZeroOp<T>, Ops>) {
     return accumulator;
   } else {
-    if (std::isinf(static_cast<float>(accumulator))) accumulator = std::numeric_limits<T>::infinity();
+    if (float32_fold && std::isinf(static_cast<float>(accumulator))) accumulator = std::numeric_limits<T>::infinity();
     const T norm = project_result(ops, accumulator);
     const T rounded = static_cast<T>(static_cast<norm_t>(norm));
     const bool leaves_range = (std::isinf(rounded) && !std::isinf(norm)) || (rounded == T(0) && norm != T(0));

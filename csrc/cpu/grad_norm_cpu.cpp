@@ -18,17 +18,17 @@ constexpr int64_t kChunk = 1 << 15;  // elements per task
 
 int64_t chunks_of(const at::Tensor& t) { return (t.numel() + kChunk - 1) / kChunk; }
 
-// Whether torch folds each tensor's norm in float32 and rounds it to its dtype, so that ours keeps each term and the
-// tensor's fold in torch's range (Float32RangeTerms, in_torch_range): a float32 or 16-bit tensor
-// without dtype=float64, but for a one-element tensor whose norm is its element's magnitude (norm_is_magnitude) in a
-// total folded in float64 (`wide_total`), which that |x| enters unrounded.
-std::vector<char> narrow_folds(at::TensorList tensors, const std::vector<at::Tensor>& dense, double ord,
-                               std::optional<at::ScalarType> dtype, bool wide_total) {
-  std::vector<char> narrow(dense.size());
+// Whether torch folds each tensor's norm in float32, so that ours keeps its terms and its sum in float32's range
+// (Float32RangeTerms, in_torch_range): a float32 or 16-bit tensor without dtype=float64, but for a one-element tensor
+// whose norm is its element's magnitude (norm_is_magnitude) in a total folded in float64 (`wide_total`), which that
+// |x| enters as its dtype holds it.
+std::vector<char> float32_folds(at::TensorList tensors, const std::vector<at::Tensor>& dense, double ord,
+                                std::optional<at::ScalarType> dtype, bool wide_total) {
+  std::vector<char> float32_fold(dense.size());
   for (size_t i = 0; i < dense.size(); ++i)
-    narrow[i] = dtype != at::kDouble && dense[i].scalar_type() != at::kDouble &&
-                !(wide_total && norm_is_magnitude(tensors[i], ord));
-  return narrow;
+    float32_fold[i] = dtype != at::kDouble && dense[i].scalar_type() != at::kDouble &&
+                      !(wide_total && norm_is_magnitude(tensors[i], ord));
+  return float32_fold;
 }
 
 // A norm as a 0-dim tensor of `options`, rounded as a cast rounds (at::scalar_tensor refuses a double beyond
@@ -39,11 +39,11 @@ at::Tensor scalar_norm(double norm, const at::TensorOptions& options) {
   return at::scalar_tensor(norm, options);
 }
 
-// Each tensor's accumulator (unprojected) under `ops`, folded in order from its chunks, in double: a narrow tensor's
-// terms in float32's range (Float32RangeTerms).
+// Each tensor's accumulator (unprojected) under `ops`, folded in order from its chunks, in double; the terms of one
+// that torch folds in float32 in float32's range (Float32RangeTerms).
 template <typename Ops>
 std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, const Ops& ops,
-                                        const std::vector<char>& narrow) {
+                                        const std::vector<char>& float32_fold) {
   std::vector<int64_t> first_chunk(dense.size() + 1, 0);
   for (size_t i = 0; i < dense.size(); ++i) first_chunk[i + 1] = first_chunk[i] + chunks_of(dense[i]);
   std::vector<double> partials(first_chunk.back());
@@ -59,7 +59,7 @@ std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, co
       const int64_t offset = (c - first_chunk[i]) * kChunk, n = std::min(kChunk, t.numel() - offset);
       TORCH_REDUCE_DISPATCH_FLOATING(t.scalar_type(), "reduce::foreach_norm", [&] {
         const scalar_t* x = t.const_data_ptr<scalar_t>() + offset;
-        partials[c] = narrow[i] ? fold(Float32RangeTerms<Ops>{ops}, x, n) : fold(ops, x, n);
+        partials[c] = float32_fold[i] ? fold(Float32RangeTerms<Ops>{ops}, x, n) : fold(ops, x, n);
       });
     }
   });
@@ -72,20 +72,19 @@ std::vector<double> tensor_accumulators(const std::vector<at::Tensor>& dense, co
   return accumulators;
 }
 
-// A narrow tensor's accumulator in torch's range for a norm of dtype `norm_type` (in_torch_range).
+// A tensor's accumulator in torch's range for a norm of dtype `norm_type` (in_torch_range).
 template <typename Ops>
-double in_torch_range_of(bool narrow, at::ScalarType norm_type, const Ops& ops, double accumulator) {
+double in_torch_range_of(at::ScalarType norm_type, const Ops& ops, double accumulator, bool float32_fold) {
   double in_range = accumulator;
-  if (!narrow) return in_range;
   TORCH_REDUCE_DISPATCH_FLOATING(norm_type, "reduce::foreach_norm", [&] {
-    in_range = in_torch_range<scalar_t>(ops, accumulator);
+    in_range = in_torch_range<scalar_t>(ops, accumulator, float32_fold);
   });
   return in_range;
 }
 
 // The magnitude of t's one element (norm_is_magnitude), else the folded norm.
-double one_element_or(const at::Tensor& t, double ord, double folded) {
-  return norm_is_magnitude(t, ord) ? at::abs(t).to(at::kDouble).item<double>() : folded;
+double one_element_or(const at::Tensor& t, double ord, std::optional<at::ScalarType> dtype, double folded) {
+  return norm_is_magnitude(t, ord) ? magnitudes(t, dtype).to(at::kDouble).item<double>() : folded;
 }
 
 std::vector<at::Tensor> dense_list(at::TensorList tensors, const char* op) {
@@ -108,12 +107,13 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
   std::vector<at::Tensor> norms;
   norms.reserve(tensors.size());
   with_norm_ops<double>(ord, [&](auto ops) {
-    const std::vector<char> narrow = narrow_folds(tensors, dense, ord, real.dtype, false);
-    const std::vector<double> accumulators = tensor_accumulators(dense, ops, narrow);
+    const std::vector<char> float32_fold = float32_folds(tensors, dense, ord, real.dtype, false);
+    const std::vector<double> accumulators = tensor_accumulators(dense, ops, float32_fold);
     for (size_t i = 0; i < dense.size(); ++i) {
-      const at::ScalarType norm_type = real.dtype.value_or(dense[i].scalar_type());
-      const double folded = project_result(ops, in_torch_range_of(narrow[i], norm_type, ops, accumulators[i]));
-      norms.push_back(scalar_norm(one_element_or(tensors[i], ord, folded), dense[i].options().dtype(norm_type)));
+      const at::ScalarType norm_type = real.norm_types[i];
+      const double folded = project_result(ops, in_torch_range_of(norm_type, ops, accumulators[i], float32_fold[i]));
+      const double norm = one_element_or(tensors[i], ord, dtype, folded);
+      norms.push_back(scalar_norm(norm, dense[i].options().dtype(norm_type)));
     }
   });
   return norms;
@@ -122,21 +122,22 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
 at::Tensor total_norm(at::TensorList tensors, double ord) {
   const char* op = "reduce::total_norm";
   check_norm_list(tensors, ord, std::nullopt);
-  const std::vector<at::Tensor> dense = dense_list(real_operands(tensors, ord, std::nullopt).tensors, op);
+  const NormOperands real = real_operands(tensors, ord, std::nullopt);
+  const std::vector<at::Tensor> dense = dense_list(real.tensors, op);
   const at::ScalarType total_type = total_norm_dtype(tensors);
   double total = 0;
   with_norm_ops<double>(ord, [&](auto ops) {
-    const std::vector<char> narrow = narrow_folds(tensors, dense, ord, std::nullopt, total_type == at::kDouble);
-    const std::vector<double> accumulators = tensor_accumulators(dense, ops, narrow);
+    const std::vector<char> float32_fold = float32_folds(tensors, dense, ord, std::nullopt, total_type == at::kDouble);
+    const std::vector<double> accumulators = tensor_accumulators(dense, ops, float32_fold);
     double acc = decltype(ops)::identity();
     for (size_t i = 0; i < dense.size(); ++i) {
-      const double in_range = in_torch_range_of(narrow[i], dense[i].scalar_type(), ops, accumulators[i]);
-      acc = ops(acc, tensor_contribution(ops, in_range));
+      const double in_range = in_torch_range_of(real.norm_types[i], ops, accumulators[i], float32_fold[i]);
+      acc = ops(acc, tensor_contribution(ops, in_range, dense.size() == 1));
     }
     // The norm of the tensors' norms in total_type, as torch's: in float32 but for a float64 total.
-    total = project_result(ops, total_type == at::kDouble ? acc : in_torch_range<float>(ops, acc));
+    total = project_result(ops, total_type == at::kDouble ? acc : in_torch_range<float>(ops, acc, true));
   });
-  if (tensors.size() == 1) total = one_element_or(tensors[0], ord, total);
+  if (tensors.size() == 1) total = one_element_or(tensors[0], ord, std::nullopt, total);
   return scalar_norm(total, tensors[0].options().dtype(total_type));
 }
 

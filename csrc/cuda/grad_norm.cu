@@ -91,9 +91,11 @@ struct FoldTable {
   // The tensors the fold kernel folds, all but those of one chunk (whose partial is their accumulator, stored by
   // the partials kernel): [0, warp_folded) of at most kFoldWarpChunks chunks, a warp each; then the larger.
   int32_t folded[kCapacity];
-  Element element[kCapacity];          // the norms' types (the tensors' for a total): their range (in_torch_range)
+  Element element[kCapacity];          // the norms' types: their range (in_torch_range)
+  bool float32_fold[kCapacity];        // the tensors torch folds in float32 (in_torch_range)
   int32_t count, warp_folded, folded_count;
   bool stores_norms;                   // foreach_norm
+  bool only_tensor;                    // a list of one tensor (tensor_contribution)
 };
 
 // The tensor a chunk belongs to: the last with first_chunk <= chunk (empty tensors own no chunk).
@@ -160,39 +162,39 @@ __device__ __forceinline__ void visit_chunk(const scalar_t* x, int64_t n, G&& g,
   for (int64_t k = scalar_from + lane; k < n; k += kWarpSize) h(k);
 }
 
+// `float32_terms`: the list folds in float64 for a float64 tensor in it, not for dtype=float64, so its float32 and
+// 16-bit tensors' terms are kept in float32's range, as torch's fold of them (Float32RangeTerms), but for a
+// one-element tensor whose norm is its element's magnitude (norm_is_magnitude: every order but 2 here).
 template <typename Tuning, typename Ops, typename acc_t>
 __global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMultiprocessor)
     norm_partials_kernel(const __grid_constant__ ListTable<Tuning::kListTensors> table, const Ops ops,
-                         acc_t* partials, acc_t* accumulators) {
+                         bool float32_terms, acc_t* partials, acc_t* accumulators) {
   for_each_warp_part<Tuning, 1>(table, [&](int64_t chunk, int, int i) {
     acc_t acc = Ops::identity();
     with_element(table.element[i], [&](auto zero) {
       using scalar_t = decltype(zero);
-      // A float32 or 16-bit tensor in a float64 fold: its terms in float32's range, as torch's fold of it, but for
-      // a one-element tensor whose norm is its element's magnitude (norm_is_magnitude: every order but 2 here).
-      constexpr bool kNarrowInWide = std::is_same_v<acc_t, double> && !std::is_same_v<scalar_t, double>;
-      const bool magnitude = table.numel[i] == 1 && !std::is_same_v<Ops, NormTwoOp<acc_t>>;
-      const auto term_ops = [&] {
-        if constexpr (kNarrowInWide) {
-          return Float32RangeTerms<Ops>{ops};
-        } else {
-          return ops;
-        }
-      }();
       const int64_t offset = (chunk - table.first_chunk[i]) * kChunkElements<Tuning, scalar_t>;
       const scalar_t* x = static_cast<const scalar_t*>(table.data[i]) + offset;
       const auto* vectors = reinterpret_cast<const Vec16<scalar_t>*>(x);
-      visit_chunk<Tuning>(x, chunk_length<Tuning, scalar_t>(table.numel[i], offset),
-          [&](int64_t k, auto loads) {
-            Vec16<scalar_t> held[loads()];
+      const auto fold_chunk = [&](const auto& term_ops) {
+        visit_chunk<Tuning>(x, chunk_length<Tuning, scalar_t>(table.numel[i], offset),
+            [&](int64_t k, auto loads) {
+              Vec16<scalar_t> held[loads()];
 #pragma unroll
-            for (int j = 0; j < loads(); ++j) held[j] = load_vector(vectors + k + j * kWarpSize);
+              for (int j = 0; j < loads(); ++j) held[j] = load_vector(vectors + k + j * kWarpSize);
 #pragma unroll
-            for (int j = 0; j < loads(); ++j) acc = ops(acc, fold_vector<acc_t>(held[j], term_ops));
-          },
-          [&](int64_t k) {
-            acc = ops(acc, magnitude ? load_element<acc_t>(ops, x[k]) : load_element<acc_t>(term_ops, x[k]));
-          });
+              for (int j = 0; j < loads(); ++j) acc = ops(acc, fold_vector<acc_t>(held[j], term_ops));
+            },
+            [&](int64_t k) { acc = ops(acc, load_element<acc_t>(term_ops, x[k])); });
+      };
+      if constexpr (std::is_same_v<acc_t, double> && !std::is_same_v<scalar_t, double>) {
+        const bool magnitude = table.numel[i] == 1 && !std::is_same_v<Ops, NormTwoOp<acc_t>>;
+        if (float32_terms && !magnitude) {
+          fold_chunk(Float32RangeTerms<Ops>{ops});
+          return;
+        }
+      }
+      fold_chunk(ops);
     });
     acc = warp_reduce(acc, ops);
     if (lane_id() == 0) {
@@ -240,10 +242,10 @@ __global__ void __launch_bounds__(Tuning::kFoldBlock)
   for (int i = threadIdx.x; i < table.count; i += Tuning::kFoldBlock) {
     acc_t tensor_accumulator;
     with_element(table.element[i], [&](auto zero) {
-      tensor_accumulator = in_torch_range<decltype(zero)>(ops, accumulators[i]);
+      tensor_accumulator = in_torch_range<decltype(zero)>(ops, accumulators[i], table.float32_fold[i]);
     });
     if (table.stores_norms) store(table.norm[i], table.element[i], project_result(ops, tensor_accumulator));
-    acc = ops(acc, tensor_contribution(ops, tensor_accumulator));
+    acc = ops(acc, tensor_contribution(ops, tensor_accumulator, table.only_tensor));
   }
   acc = block_reduce<Tuning::kFoldBlock>(acc, ops);
   if (threadIdx.x == 0) {
@@ -342,11 +344,13 @@ int64_t persistent_grid(Kernel kernel, int64_t units) {
   return std::min<int64_t>(blocks, resident_blocks_per_sm(kernel, Tuning::kListBlock) * multiprocessors());
 }
 
-// The norms of a device's dense tensors (`lists`, on `device`): each tensor's into `norms` (when given:
-// foreach_norm), the total into `total` (when defined: total_norm). `wide`: accumulate in float64.
+// The norms of a device's dense tensors (`lists`, on `device`), each of dtype `norm_types` (a list's): each tensor's
+// into `norms` (when given: foreach_norm), the total into `total` (when defined: total_norm). `wide`: accumulate in
+// float64; `float32_terms`: for a float64 tensor in the list, not for dtype=float64 (norm_partials_kernel).
 template <typename Tuning>
-void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord, bool wide,
-                  const std::vector<at::Tensor>& norms, const at::Tensor& total) {
+void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord, bool wide, bool float32_terms,
+                  const std::vector<at::ScalarType>& norm_types, const std::vector<at::Tensor>& norms,
+                  const at::Tensor& total) {
   const int64_t tables = static_cast<int64_t>(lists.tables.size());
   const auto options = at::TensorOptions().device(device).dtype(wide ? at::kDouble : at::kFloat);
   // One allocation: the chunks' partials, each table's accumulator, then each table's tensors' accumulators.
@@ -366,12 +370,13 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
         if (chunks > 0) {
           const auto kernel = norm_partials_kernel<Tuning, Ops, acc_t>;
           kernel<<<persistent_grid<Tuning>(kernel, chunks), Tuning::kListBlock, 0, stream>>>(
-              table, ops, table_partials, accumulators);
+              table, ops, float32_terms, table_partials, accumulators);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         }
         FoldTable<Tuning::kListTensors> fold;
         fold.count = table.count;
         fold.stores_norms = !norms.empty();
+        fold.only_tensor = tables == 1 && table.count == 1;
         std::vector<int32_t> block_folded;  // tensors of more than kFoldWarpChunks chunks
         int32_t listed = 0;
         for (int32_t k = 0; k <= table.count; ++k) fold.first_chunk[k] = table.first_chunk[k];
@@ -382,15 +387,12 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
           } else if (tensor_chunks != 1) {
             fold.folded[listed++] = k;
           }
-          // A total's range is its tensors' (in_torch_range), but for a one-element tensor whose norm is its
-          // magnitude, which enters a float64 total unrounded.
-          const bool magnitude = table.numel[k] == 1 && ord != 2;
-          fold.element[k] = wide && magnitude ? Element::Double : table.element[k];
-          if (fold.stores_norms) {
-            const at::Tensor& norm = norms[g * Tuning::kListTensors + k];
-            fold.norm[k] = norm.data_ptr();
-            fold.element[k] = element_of(norm.scalar_type());
-          }
+          // As torch's: a one-element tensor whose norm is its magnitude enters a float64 total as its dtype
+          // holds it, not folded in float32 (norm_partials_kernel's terms).
+          const bool magnitude = table.numel[k] == 1 && ord != 2 && !std::isnan(ord);
+          fold.float32_fold[k] = float32_terms && table.element[k] != Element::Double && !(wide && magnitude);
+          fold.element[k] = element_of(norm_types[g * Tuning::kListTensors + k]);
+          if (fold.stores_norms) fold.norm[k] = norms[g * Tuning::kListTensors + k].data_ptr();
         }
         fold.warp_folded = listed;
         for (int32_t k : block_folded) fold.folded[listed++] = k;
@@ -465,21 +467,24 @@ std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, st
   std::vector<at::Tensor> norms(tensors.size());
   for_each_device(real.tensors, op, [&](at::Device device, const std::vector<int64_t>& positions) {
     const std::vector<at::Tensor> group = select(real.tensors, positions);
-    const std::optional<at::ScalarType> dtype = real.dtype;
     std::vector<at::Tensor> group_norms;
     if (device.is_cpu()) {
-      group_norms = cpu::foreach_norm(group, ord, dtype);
+      group_norms = cpu::foreach_norm(select(tensors, positions), ord, dtype);
     } else {
       std::vector<at::Tensor> dense;
-      bool wide = dtype == at::kDouble;
-      for (const at::Tensor& t : group) {
-        dense.push_back(dense_elements(t));
-        wide = wide || t.scalar_type() == at::kDouble;
-        group_norms.push_back(at::empty({}, t.options().dtype(dtype.value_or(t.scalar_type()))));
+      std::vector<at::ScalarType> norm_types;
+      const bool dtype_wide = real.dtype == at::kDouble;
+      bool wide = dtype_wide;
+      for (size_t k = 0; k < group.size(); ++k) {
+        dense.push_back(dense_elements(group[k]));
+        wide = wide || group[k].scalar_type() == at::kDouble;
+        norm_types.push_back(real.norm_types[positions[k]]);
+        group_norms.push_back(at::empty({}, group[k].options().dtype(norm_types.back())));
       }
       with_tuning([&](auto tuning) {
         using Tuning = decltype(tuning);
-        launch_norms(ListTables<Tuning>(dense), device, ord, wide, group_norms, at::Tensor());
+        launch_norms(ListTables<Tuning>(dense), device, ord, wide, !dtype_wide, norm_types, group_norms,
+                     at::Tensor());
       });
       for (size_t k = 0; k < group.size(); ++k) {
         if (norm_is_magnitude(group[k], ord)) group_norms[k].copy_(at::abs(group[k]).reshape({}));
@@ -494,27 +499,29 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
   const char* op = "reduce::total_norm";
   check_norm_list(tensors, ord, std::nullopt);
   const at::ScalarType result_type = total_norm_dtype(tensors);
-  const std::vector<at::Tensor> real = real_operands(tensors, ord, std::nullopt).tensors;
+  const NormOperands operands = real_operands(tensors, ord, std::nullopt);
+  const std::vector<at::Tensor>& real = operands.tensors;
   std::vector<at::Tensor> totals;
   for_each_device(real, op, [&](at::Device device, const std::vector<int64_t>& positions) {
-    const std::vector<at::Tensor> group = select(real, positions);
     if (device.is_cpu()) {
-      totals.push_back(cpu::total_norm(group, ord).to(result_type));
+      totals.push_back(cpu::total_norm(select(tensors, positions), ord).to(result_type));
       return;
     }
     std::vector<at::Tensor> dense;
+    std::vector<at::ScalarType> norm_types;
     bool wide = false;
-    for (const at::Tensor& t : group) {
-      dense.push_back(dense_elements(t));
-      wide = wide || t.scalar_type() == at::kDouble;
+    for (int64_t i : positions) {
+      dense.push_back(dense_elements(real[i]));
+      norm_types.push_back(operands.norm_types[i]);
+      wide = wide || real[i].scalar_type() == at::kDouble;
     }
-    const at::Tensor total = at::empty({}, group[0].options().dtype(result_type));
+    const at::Tensor total = at::empty({}, real[positions[0]].options().dtype(result_type));
     if (real.size() == 1 && norm_is_magnitude(real[0], ord)) {
       total.copy_(at::abs(real[0]).reshape({}));
     } else {
       with_tuning([&](auto tuning) {
         using Tuning = decltype(tuning);
-        launch_norms(ListTables<Tuning>(dense), device, ord, wide, {}, total);
+        launch_norms(ListTables<Tuning>(dense), device, ord, wide, true, norm_types, {}, total);
       });
     }
     totals.push_back(total);
@@ -581,9 +588,11 @@ at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double nor
   const c10::cuda::CUDAGuard guard(device);
   check_kernel_image_for_current_device();
   const at::Tensor total = at::empty({}, grads[0].options().dtype(total_type));
+  std::vector<at::ScalarType> norm_types;
+  for (const at::Tensor& g : grads) norm_types.push_back(c10::toRealValueType(g.scalar_type()));
   with_tuning([&](auto tuning) {
     const ListTables<decltype(tuning)> lists(complex ? at::TensorList(real_views(grads)) : grads);
-    launch_norms(lists, device, norm_type, wide, {}, total);
+    launch_norms(lists, device, norm_type, wide, true, norm_types, {}, total);
     launch_clip_scale(lists, total, max_norm);
   });
   return total;
