@@ -388,8 +388,8 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
             fold.folded[listed++] = k;
           }
           // As torch's: a one-element tensor whose norm is its magnitude enters a float64 total as its dtype
-          // holds it, not folded in float32 (norm_partials_kernel's terms).
-          const bool magnitude = table.numel[k] == 1 && ord != 2 && !std::isnan(ord);
+          // holds it, not folded in float32 (the same test as norm_partials_kernel's terms).
+          const bool magnitude = table.numel[k] == 1 && ord != 2;
           fold.float32_fold[k] = float32_terms && table.element[k] != Element::Double && !(wide && magnitude);
           fold.element[k] = element_of(norm_types[g * Tuning::kListTensors + k]);
           if (fold.stores_norms) fold.norm[k] = norms[g * Tuning::kListTensors + k].data_ptr();
