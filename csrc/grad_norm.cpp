@@ -61,8 +61,8 @@ void check_not_inference(const at::Tensor& g) {
               "details.");
 }
 
-bool norm_is_magnitude(const at::Tensor& t, double ord) {
-  return t.numel() == 1 && ord != 0 && !(t.is_cuda() && (ord == 2 || std::isnan(ord)));
+bool norm_is_magnitude(const at::Tensor& t, double ord, bool fast_route) {
+  return t.numel() == 1 && ord != 0 && !(t.is_cuda() && fast_route && ord == 2);
 }
 
 at::ScalarType total_norm_dtype(at::TensorList tensors) {

@@ -33,10 +33,10 @@ void check_scalable(const at::Tensor& g);
 void check_not_inference(const at::Tensor& g);
 
 // Whether torch's norm of `t` is its one element's magnitude, not the root of a fold of |x|^p (inf or 0 where that
-// leaves float32's range: a 0-dim float32 gradient of 3e19 at order 3): on the CPU at every order but 0 (NaN
-// included: no fold of one element there), on the GPU except at orders 2 and NaN, which _foreach_norm's kernel folds
-// (orders 1 and inf give the magnitude either way).
-bool norm_is_magnitude(const at::Tensor& t, double ord);
+// leaves float32's range: a 0-dim float32 gradient of 3e19 at order 3): at every order but 0, except where torch's
+// CUDA _foreach_norm folds it in its fast route (`fast_route`: order 2, a list of one dtype, real and dense; orders
+// 1 and inf give the magnitude either way). torch's per-tensor route (linalg.vector_norm) gives the magnitude.
+bool norm_is_magnitude(const at::Tensor& t, double ord, bool fast_route = false);
 
 // total_norm's dtype: the real types of the tensors' dtypes promoted, as torch.stack promotes the per-tensor norms.
 at::ScalarType total_norm_dtype(at::TensorList tensors);

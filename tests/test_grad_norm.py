@@ -615,15 +615,13 @@ def test_complex_dtype_and_nan_order_edges_like_torch(ord, device):
     for tensors, dtype in cases:
         if not empty_allowed(ord) and any(t.numel() == 0 for t in tensors):
             continue
-        try:
-            theirs = torch._foreach_norm(tensors, ord, dtype=dtype)
-        except RuntimeError:  # a complex32 kernel a device's torch lacks: nothing to compare with
-            assert tensors[0].dtype == c32
-            continue
+        theirs = torch._foreach_norm(tensors, ord, dtype=dtype)
+        if device == "cuda" and tensors[0].dtype == c32:  # torch's CUDA complex32 norms are off (README): float64's
+            theirs = [reference_norm(t, ord).to(w.dtype) for t, w in zip(tensors, theirs)]
         for got, want in zip(torch_reduce.foreach_norm(tensors, ord, dtype=dtype), theirs):
             assert got.dtype == want.dtype
             torch.testing.assert_close(got, want, equal_nan=True, **TORCH_TOL[want.dtype])
-        if dtype is None:
+        if dtype is None and not (device == "cuda" and tensors[0].dtype == c32):
             want = torch.nn.utils.get_total_norm(tensors, ord)
             torch.testing.assert_close(torch_reduce.get_total_norm(tensors, ord), want, equal_nan=True,
                                        **TORCH_TOL[want.dtype])

@@ -80,6 +80,7 @@ struct ListTable {
   int64_t numel[kCapacity];
   int64_t first_chunk[kCapacity + 1];  // the launch's chunks before each tensor's; [count]: all of them
   Element element[kCapacity];
+  bool range_terms[kCapacity];         // in a float64 fold, terms kept in float32's range (norm_partials_kernel)
   int32_t count;
 };
 
@@ -162,13 +163,12 @@ __device__ __forceinline__ void visit_chunk(const scalar_t* x, int64_t n, G&& g,
   for (int64_t k = scalar_from + lane; k < n; k += kWarpSize) h(k);
 }
 
-// `float32_terms`: the list folds in float64 for a float64 tensor in it, not for dtype=float64, so its float32 and
-// 16-bit tensors' terms are kept in float32's range, as torch's fold of them (Float32RangeTerms), but for a
-// one-element tensor whose norm is its element's magnitude (norm_is_magnitude: every order but 2 here).
+// A float32 or 16-bit tensor that torch folds in float32 (table.range_terms) in a float64 fold: its terms kept in
+// float32's range (Float32RangeTerms), as torch's.
 template <typename Tuning, typename Ops, typename acc_t>
 __global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMultiprocessor)
     norm_partials_kernel(const __grid_constant__ ListTable<Tuning::kListTensors> table, const Ops ops,
-                         bool float32_terms, acc_t* partials, acc_t* accumulators) {
+                         acc_t* partials, acc_t* accumulators) {
   for_each_warp_part<Tuning, 1>(table, [&](int64_t chunk, int, int i) {
     acc_t acc = Ops::identity();
     with_element(table.element[i], [&](auto zero) {
@@ -188,8 +188,7 @@ __global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMult
             [&](int64_t k) { acc = ops(acc, load_element<acc_t>(term_ops, x[k])); });
       };
       if constexpr (std::is_same_v<acc_t, double> && !std::is_same_v<scalar_t, double>) {
-        const bool magnitude = table.numel[i] == 1 && !std::is_same_v<Ops, NormTwoOp<acc_t>>;
-        if (float32_terms && !magnitude) {
+        if (table.range_terms[i]) {
           fold_chunk(Float32RangeTerms<Ops>{ops});
           return;
         }
@@ -330,6 +329,7 @@ struct ListTables {
         table.data[k] = t.data_ptr();
         table.numel[k] = t.numel();
         table.element[k] = element_of(t.scalar_type());
+        table.range_terms[k] = false;
         table.first_chunk[k + 1] = table.first_chunk[k] + (t.numel() + chunk - 1) / chunk;
       }
       first_partial.push_back(first_partial.back() + table.first_chunk[table.count]);
@@ -346,11 +346,13 @@ int64_t persistent_grid(Kernel kernel, int64_t units) {
 
 // The norms of a device's dense tensors (`lists`, on `device`), each of dtype `norm_types` (a list's): each tensor's
 // into `norms` (when given: foreach_norm), the total into `total` (when defined: total_norm). `wide`: accumulate in
-// float64; `float32_terms`: for a float64 tensor in the list, not for dtype=float64 (norm_partials_kernel).
+// float64; `float32_terms`: for a float64 tensor in the list, not for dtype=float64, so torch folds the narrower
+// tensors in float32, but those whose norm is their `magnitude` (norm_is_magnitude), which enter as their dtype holds
+// them.
 template <typename Tuning>
 void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord, bool wide, bool float32_terms,
-                  const std::vector<at::ScalarType>& norm_types, const std::vector<at::Tensor>& norms,
-                  const at::Tensor& total) {
+                  const std::vector<at::ScalarType>& norm_types, const std::vector<char>& magnitude,
+                  const std::vector<at::Tensor>& norms, const at::Tensor& total) {
   const int64_t tables = static_cast<int64_t>(lists.tables.size());
   const auto options = at::TensorOptions().device(device).dtype(wide ? at::kDouble : at::kFloat);
   // One allocation: the chunks' partials, each table's accumulator, then each table's tensors' accumulators.
@@ -362,7 +364,11 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
     with_norm_ops<acc_t>(ord, [&](auto ops) {
       using Ops = decltype(ops);
       for (int64_t g = 0; g < tables; ++g) {
-        const auto& table = lists.tables[g];
+        auto table = lists.tables[g];
+        for (int32_t k = 0; k < table.count; ++k) {
+          table.range_terms[k] = wide && float32_terms && table.element[k] != Element::Double &&
+                                 !magnitude[g * Tuning::kListTensors + k];
+        }
         acc_t* table_partials = scratch.mutable_data_ptr<acc_t>() + lists.first_partial[g];
         acc_t* table_accumulator = scratch.mutable_data_ptr<acc_t>() + all_chunks + g;
         acc_t* accumulators = scratch.mutable_data_ptr<acc_t>() + all_chunks + tables + g * Tuning::kListTensors;
@@ -370,7 +376,7 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
         if (chunks > 0) {
           const auto kernel = norm_partials_kernel<Tuning, Ops, acc_t>;
           kernel<<<persistent_grid<Tuning>(kernel, chunks), Tuning::kListBlock, 0, stream>>>(
-              table, ops, float32_terms, table_partials, accumulators);
+              table, ops, table_partials, accumulators);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         }
         FoldTable<Tuning::kListTensors> fold;
@@ -387,10 +393,8 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
           } else if (tensor_chunks != 1) {
             fold.folded[listed++] = k;
           }
-          // As torch's: a one-element tensor whose norm is its magnitude enters a float64 total as its dtype
-          // holds it, not folded in float32 (the same test as norm_partials_kernel's terms).
-          const bool magnitude = table.numel[k] == 1 && ord != 2;
-          fold.float32_fold[k] = float32_terms && table.element[k] != Element::Double && !(wide && magnitude);
+          fold.float32_fold[k] = float32_terms && table.element[k] != Element::Double &&
+                                 !(wide && magnitude[g * Tuning::kListTensors + k]);
           fold.element[k] = element_of(norm_types[g * Tuning::kListTensors + k]);
           if (fold.stores_norms) fold.norm[k] = norms[g * Tuning::kListTensors + k].data_ptr();
         }
@@ -460,6 +464,34 @@ void for_each_device(at::TensorList tensors, const char* op, F&& f) {
   }
 }
 
+// Whether torch's CUDA _foreach_norm takes `tensors`, one call's list, in its fast route (norm_is_magnitude): one
+// dtype and device, real, each tensor non-overlapping and dense.
+bool torch_fast_route(at::TensorList tensors) {
+  return std::all_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
+    return t.scalar_type() == tensors[0].scalar_type() && t.device() == tensors[0].device() && !t.is_complex() &&
+           t.is_non_overlapping_and_dense();
+  });
+}
+
+// Each tensor's norm_is_magnitude as torch's get_total_norm meets it: one _foreach_norm call per dtype of a
+// device's tensors (`tensors`).
+std::vector<char> total_magnitudes(at::TensorList tensors, double ord) {
+  std::vector<std::pair<at::ScalarType, bool>> fast_groups;  // per dtype: all real and dense
+  for (const at::Tensor& t : tensors) {
+    auto it = std::find_if(fast_groups.begin(), fast_groups.end(),
+                           [&](const auto& g) { return g.first == t.scalar_type(); });
+    if (it == fast_groups.end()) it = fast_groups.insert(fast_groups.end(), {t.scalar_type(), true});
+    it->second = it->second && !t.is_complex() && t.is_non_overlapping_and_dense();
+  }
+  std::vector<char> magnitude;
+  for (const at::Tensor& t : tensors) {
+    const auto it = std::find_if(fast_groups.begin(), fast_groups.end(),
+                                 [&](const auto& g) { return g.first == t.scalar_type(); });
+    magnitude.push_back(norm_is_magnitude(t, ord, it->second));
+  }
+  return magnitude;
+}
+
 std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
   const char* op = "reduce::foreach_norm";
   check_norm_list(tensors, ord, dtype);
@@ -473,21 +505,23 @@ std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, st
     } else {
       std::vector<at::Tensor> dense;
       std::vector<at::ScalarType> norm_types;
-      const bool dtype_wide = real.dtype == at::kDouble;
+      std::vector<char> magnitude;
+      const bool dtype_wide = real.dtype == at::kDouble, fast_route = torch_fast_route(tensors);
       bool wide = dtype_wide;
       for (size_t k = 0; k < group.size(); ++k) {
         dense.push_back(dense_elements(group[k]));
         wide = wide || group[k].scalar_type() == at::kDouble;
         norm_types.push_back(real.norm_types[positions[k]]);
+        magnitude.push_back(norm_is_magnitude(tensors[positions[k]], ord, fast_route));
         group_norms.push_back(at::empty({}, group[k].options().dtype(norm_types.back())));
       }
       with_tuning([&](auto tuning) {
         using Tuning = decltype(tuning);
-        launch_norms(ListTables<Tuning>(dense), device, ord, wide, !dtype_wide, norm_types, group_norms,
+        launch_norms(ListTables<Tuning>(dense), device, ord, wide, !dtype_wide, norm_types, magnitude, group_norms,
                      at::Tensor());
       });
       for (size_t k = 0; k < group.size(); ++k) {
-        if (norm_is_magnitude(group[k], ord)) group_norms[k].copy_(at::abs(group[k]).reshape({}));
+        if (magnitude[k]) group_norms[k].copy_(magnitudes(tensors[positions[k]], dtype).reshape({}));
       }
     }
     for (size_t k = 0; k < positions.size(); ++k) norms[positions[k]] = group_norms[k];
@@ -515,13 +549,14 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
       norm_types.push_back(operands.norm_types[i]);
       wide = wide || real[i].scalar_type() == at::kDouble;
     }
+    const std::vector<char> magnitude = total_magnitudes(select(tensors, positions), ord);
     const at::Tensor total = at::empty({}, real[positions[0]].options().dtype(result_type));
-    if (real.size() == 1 && norm_is_magnitude(real[0], ord)) {
-      total.copy_(at::abs(real[0]).reshape({}));
+    if (tensors.size() == 1 && magnitude[0]) {
+      total.copy_(magnitudes(tensors[0], std::nullopt).reshape({}));
     } else {
       with_tuning([&](auto tuning) {
         using Tuning = decltype(tuning);
-        launch_norms(ListTables<Tuning>(dense), device, ord, wide, true, norm_types, {}, total);
+        launch_norms(ListTables<Tuning>(dense), device, ord, wide, true, norm_types, magnitude, {}, total);
       });
     }
     totals.push_back(total);
@@ -582,7 +617,7 @@ at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double nor
   const auto wider = [&](const at::Tensor& g) { return scaled_in_a_wider_type(g, total_type); };
   if (!one_dense_cuda_list || (complex && norm_type != 2) ||
       (zero_dim && std::any_of(grads.begin(), grads.end(), wider)) ||
-      (grads.size() == 1 && norm_is_magnitude(grads[0], norm_type)))
+      (grads.size() == 1 && total_magnitudes(grads, norm_type)[0]))
     return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type);
   const bool wide = total_type == at::kDouble;  // only float types reach here: double iff one is double
   const c10::cuda::CUDAGuard guard(device);
@@ -590,9 +625,10 @@ at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double nor
   const at::Tensor total = at::empty({}, grads[0].options().dtype(total_type));
   std::vector<at::ScalarType> norm_types;
   for (const at::Tensor& g : grads) norm_types.push_back(c10::toRealValueType(g.scalar_type()));
+  const std::vector<char> magnitude = total_magnitudes(grads, norm_type);
   with_tuning([&](auto tuning) {
     const ListTables<decltype(tuning)> lists(complex ? at::TensorList(real_views(grads)) : grads);
-    launch_norms(lists, device, norm_type, wide, true, norm_types, {}, total);
+    launch_norms(lists, device, norm_type, wide, true, norm_types, magnitude, {}, total);
     launch_clip_scale(lists, total, max_norm);
   });
   return total;
