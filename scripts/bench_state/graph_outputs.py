@@ -10,12 +10,11 @@ import json
 import sys
 
 import torch
-import torch.nn.functional as F
 
-from torch_reduce.bench.timing import rotation, time_graph
+from torch_reduce.bench.timing import time_graph
 
 sys.path.insert(0, "scripts")
-from norm_cases import norm_input, parse  # noqa: E402
+from norm_cases import layer_norm_case  # noqa: E402
 
 
 def first_tensor(result):
@@ -23,21 +22,8 @@ def first_tensor(result):
 
 
 for case in sys.argv[1:]:
-    dtype, rows, hidden, nbytes = parse(case)
-    torch.manual_seed(0)
-    w = torch.randn(hidden, device="cuda", dtype=dtype)
-    b = torch.randn(hidden, device="cuda", dtype=dtype)
-    inputs = rotation(lambda: norm_input(rows, hidden, dtype, w, b), nbytes)
-    ops = {
-        "x*2": lambda s: s[0] * 2,
-        "x+dy": lambda s: s[0] + s[1],
-        "ours_fwd": lambda s: torch.ops.reduce.layer_norm_fwd(s[0], [hidden], w, b, 1e-5),
-        "torch_fwd": lambda s: F.layer_norm(s[0], [hidden], w, b, 1e-5),
-        "ours_bwd": lambda s: torch.ops.reduce.layer_norm_bwd(s[1], s[0], [hidden], s[2], s[3], w, b,
-                                                              [True, True, True]),
-        "torch_bwd": lambda s: torch.ops.aten.native_layer_norm_backward(
-            s[1], s[0], [hidden], s[2].view(rows, 1), s[3].view(rows, 1), w, b, [True, True, True]),
-    }
+    inputs, ops = layer_norm_case(case)
+    ops["x+dy"] = lambda s: s[0] + s[1]
     for name, fn in ops.items():
         out = {"case": case, "op": name, "inputs": len(inputs)}
         for trial in range(2):
