@@ -95,11 +95,12 @@ def time_launches(fn: Callable, inputs: Sequence, *, warmup: int = 3, budget_ms:
 
 
 def time_graph(fn: Callable, inputs: Sequence, *, calls_per_graph: int | None = None, replays: int = 20,
-               capture_stream: torch.cuda.Stream | None = None) -> Timing:
+               capture_stream: torch.cuda.Stream | None = None, hold_results: bool = True) -> Timing:
     """Median over graph replays of the per-call time: one graph holds one call per rotated input.
 
     ``capture_stream``: the stream to capture on (default: torch's). A backward whose forward ran before the
     capture must be captured on that forward's stream, since autograd runs each backward op there.
+    ``hold_results=False``: each result dropped at once, the benchmark's way before (graph_outputs.py compares).
     """
     calls = calls_per_graph or len(inputs)
     stream = torch.cuda.Stream()
@@ -116,7 +117,10 @@ def time_graph(fn: Callable, inputs: Sequence, *, calls_per_graph: int | None = 
     held = []
     with torch.cuda.graph(graph, stream=capture_stream):
         for i in range(calls):
-            held.append(fn(inputs[i % len(inputs)]))
+            result = fn(inputs[i % len(inputs)])
+            if hold_results:
+                held.append(result)
+            del result
     graph.replay()
     torch.cuda.synchronize()
     times = []
