@@ -7,7 +7,8 @@
 //                from exclusive prefix and suffix products (no division: exact with zeros in the slice, and no
 //                data-dependent branch, so the backward traces under torch.compile);
 //   vector_norm: torch's formulas by order (0: none, 1, 2, inf/-inf shared among ties, below 1, any other p), with
-//                a zero subgradient where the norm (or, below 1, the element) is 0; complex inputs through sgn.
+//                a zero subgradient where the norm (or, below 1, the element) is 0; complex inputs through sgn;
+//                its double backward is torch's too, NaN where torch's is.
 // All are written in differentiable ops, so double backward works; transforms and forward-mode AD take
 // the composite path (torch's own ops).
 #include <ATen/OpMathType.h>
@@ -66,14 +67,17 @@ at::Tensor prod_of_others(const at::Tensor& x, const std::vector<int64_t>& dims)
 at::Tensor vector_norm_gradient(const at::Tensor& x, const at::Tensor& norm, const at::Tensor& g, double p,
                                 const std::vector<int64_t>& dims) {
   if (p == 1) return x.sgn() * g;
-  if (p == 2) return x * (g / norm).masked_fill(norm == 0, 0);
+  // Each order's product in torch's order and grouping (x / norm, not g / norm, at order 2; x·|x|^(p-2) above 2):
+  // the same first gradient, and a double backward with torch's NaN where the norm (above 2, the element) is 0.
+  if (p == 2) return g * (x / norm).masked_fill(norm == 0, 0);
   if (std::isinf(p)) {  // amax/amin of |x|, NaN included
     const at::Tensor magnitude = x.abs();
     const at::Tensor ties = magnitude.eq(norm).logical_or(magnitude.isnan());
     return x.sgn() * (g / ties.sum(dims, /*keepdim=*/true)) * ties;
   }
   if (p < 1) return x.sgn() * x.abs().pow(p - 1).masked_fill(x == 0, 0) * g * norm.pow(1 - p);
-  return x.sgn() * x.abs().pow(p - 1) * (g / norm.pow(p - 1)).masked_fill(norm == 0, 0);
+  const at::Tensor scale = (g / norm.pow(p - 1)).masked_fill(norm == 0, 0);
+  return (p < 2 ? x.sgn() * x.abs().pow(p - 1) : x * x.abs().pow(p - 2)) * scale;
 }
 
 // The backward node of a dim reduction, written as torch's generated nodes are (as the norms' NormBackward,

@@ -67,19 +67,27 @@ def test_vector_norm_zeros_nan_inf(ord, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("ord", ORDS, ids=str)
+@pytest.mark.parametrize("ord", ORDS + [2.5], ids=str)  # 2.5: |x|^(p-2) has no derivative at 0
 def test_vector_norm_gradient_with_zeros(ord, device):
     """torch's subgradients where an element or a whole slice is 0 (0 where torch gives 0, never NaN); ord=0's
-    gradient is 0 (torch's graph does not reach the input there)."""
+    gradient is 0 (torch's graph does not reach the input there). The double backward is torch's too, NaN where its
+    formulas give NaN (a zero slice at orders above 1, a zero element above 2), not a quiet 0."""
     x = torch.tensor([[0.0, 1.5, -2.0, 0.25], [0.0, 0.0, 0.0, 0.0], [3.0, -1.0, 0.5, 2.0]],
                      device=device, dtype=torch.float64)
     for dims in (1, 0, None):
         a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
         g = torch.randn_like(torch.linalg.vector_norm(x, ord, dims))
-        (want,) = torch.autograd.grad(torch.linalg.vector_norm(a, ord, dims), a, g, allow_unused=True,
-                                      materialize_grads=True)
-        (got,) = torch.autograd.grad(vector_norm(b, ord, dims), b, g, allow_unused=True, materialize_grads=True)
+        w = torch.randn_like(x)
+        grads = []
+        for norm, t in ((torch.linalg.vector_norm, a), (vector_norm, b)):
+            (first,) = torch.autograd.grad(norm(t, ord, dims), t, g, allow_unused=True, materialize_grads=True,
+                                           create_graph=True)
+            second = (torch.autograd.grad((first * w).sum(), t, allow_unused=True, materialize_grads=True)[0]
+                      if first.requires_grad else torch.zeros_like(x))
+            grads.append((first.detach(), second))
+        (want, want_second), (got, got_second) = grads
         torch.testing.assert_close(got, want, equal_nan=True, msg=lambda m: f"dim={dims}: {m}")
+        torch.testing.assert_close(got_second, want_second, equal_nan=True, msg=lambda m: f"dim={dims}, second: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
