@@ -617,7 +617,7 @@ def test_complex_dtype_and_nan_order_edges_like_torch(ord, device):
             continue
         theirs = torch._foreach_norm(tensors, ord, dtype=dtype)
         if device == "cuda" and tensors[0].dtype == c32:  # torch's CUDA complex32 norms are off (README): float64's
-            theirs = [reference_norm(t, ord).to(w.dtype) for t, w in zip(tensors, theirs)]
+            theirs = [reference_norm(t, ord).to(w.device, w.dtype) for t, w in zip(tensors, theirs)]
         for got, want in zip(torch_reduce.foreach_norm(tensors, ord, dtype=dtype), theirs):
             assert got.dtype == want.dtype
             torch.testing.assert_close(got, want, equal_nan=True, **TORCH_TOL[want.dtype])
