@@ -68,7 +68,8 @@ at::Tensor vector_norm_gradient(const at::Tensor& x, const at::Tensor& norm, con
                                 const std::vector<int64_t>& dims) {
   if (p == 1) return x.sgn() * g;
   // Each order's product in torch's order and grouping (x / norm, not g / norm, at order 2; x·|x|^(p-2) above 2):
-  // the same first gradient, and a double backward with torch's NaN where the norm (above 2, the element) is 0.
+  // the same first gradient, and a double backward with torch's NaN where the norm is 0 (between orders 2 and 3,
+  // also where the element is).
   if (p == 2) return g * (x / norm).masked_fill(norm == 0, 0);
   if (std::isinf(p)) {  // amax/amin of |x|, NaN included
     const at::Tensor magnitude = x.abs();

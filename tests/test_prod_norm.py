@@ -71,7 +71,7 @@ def test_vector_norm_zeros_nan_inf(ord, device):
 def test_vector_norm_gradient_with_zeros(ord, device):
     """torch's subgradients where an element or a whole slice is 0 (0 where torch gives 0, never NaN); ord=0's
     gradient is 0 (torch's graph does not reach the input there). The double backward is torch's too, NaN where its
-    formulas give NaN (a zero slice at orders above 1, a zero element above 2), not a quiet 0."""
+    formulas give NaN (a zero slice at order 2 and between 2 and 3, a zero element between 2 and 3), not a quiet 0."""
     x = torch.tensor([[0.0, 1.5, -2.0, 0.25], [0.0, 0.0, 0.0, 0.0], [3.0, -1.0, 0.5, 2.0]],
                      device=device, dtype=torch.float64)
     for dims in (1, 0, None):
