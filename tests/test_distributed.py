@@ -805,6 +805,30 @@ def check_dtensor_redistributed(ctx):
         torch_reduce.layer_norm(rows, (4,))
 
 
+@case("DTensor: a rank outside the operands' mesh refuses, naming it")
+def check_dtensor_rank_outside_mesh(ctx):
+    """On a mesh of rank 0 alone, rank 0 gets torch's values and rank 1 a NotImplementedError that says why (it
+    raised an IndexError from inside a rule before: its local shard is empty)."""
+    from torch.distributed.tensor import DeviceMesh, Replicate, distribute_tensor
+    mesh = DeviceMesh(ctx.device.type, [0])  # every rank creates it (a process group over [0])
+    full = ctx.shared_randn(3, 4)
+    x = distribute_tensor(full, mesh, [Replicate()])
+    grad = distribute_tensor(full.flip(0), mesh, [Replicate()])
+    calls = [("sum", lambda: torch_reduce.sum(x, 1), lambda: torch.sum(full, 1)),
+             ("var_mean", lambda: torch_reduce.var_mean(x, 1), lambda: torch.var_mean(full, 1)),
+             ("vector_norm", lambda: torch_reduce.vector_norm(x, 3, 1), lambda: torch.linalg.vector_norm(full, 3, 1)),
+             ("layer_norm", lambda: torch_reduce.layer_norm(x, (4,)), lambda: F.layer_norm(full, (4,))),
+             ("foreach_norm", lambda: tuple(torch_reduce.foreach_norm([x, grad])),
+              lambda: tuple(torch._foreach_norm([full, full.flip(0)])))]
+    for name, ours, theirs in calls:
+        if ctx.rank == 0:
+            for got, want in zip(_tensors(ours()), _tensors(theirs())):
+                torch.testing.assert_close(got.full_tensor(), want, msg=lambda m: f"{name}: {m}")
+        else:
+            with pytest.raises(NotImplementedError, match="this rank is not in the DTensor operands' device mesh"):
+                ours()
+
+
 # --------------------------------------------------------------------------------------- a 2-D mesh ----
 
 

@@ -35,7 +35,8 @@ Placements in -> out, mesh dim by mesh dim:
 Other placements are redistributed to Replicate along their mesh dims first (an all-reduce or an all-gather), as
 torch's own strategies redistribute them: Partial and _StridedShard inputs to the reductions and the row norms (the
 gradient norms take both as they are), a sharded normalized dim, a sharded weight or bias. A plain tensor beside
-DTensors and DTensors on different meshes raise NotImplementedError, as torch's DTensor ops do.
+DTensors and DTensors on different meshes raise NotImplementedError, as torch's DTensor ops do; so does a call on a
+rank outside the operands' mesh (torch's ops return an empty local shard there).
 
 The rules are registered with torch.library.register_torch_dispatch, torch's public hook for a custom op
 meeting a tensor subclass. torch.distributed.tensor.experimental.register_sharding is not used: its sharding
@@ -344,6 +345,10 @@ def _require_dtensors(func, tensors: dict) -> None:
         meshes.add(t.device_mesh)
     if len(meshes) > 1:
         raise NotImplementedError(f"{func}: DTensor operands on different device meshes: {meshes}")
+    if meshes and next(iter(meshes)).get_coordinate() is None:
+        # torch's ops return an empty local shard on such a rank; the rules here compute on the mesh's ranks only
+        raise NotImplementedError(f"{func}: this rank is not in the DTensor operands' device mesh {meshes.pop()}; "
+                                  "call the op on the mesh's ranks only")
 
 
 def _supported(t: DTensor, shardable_dims):
