@@ -267,17 +267,21 @@ IN_PLACE = {"mean.sub_(1)": lambda var, mean: mean.sub_(1), "var.mul_(2)": lambd
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("change", list(IN_PLACE))
-def test_outputs_changed_in_place_keep_the_backward(device, change):
+def test_outputs_changed_in_place_keep_the_backward(device, change, compiled):
     """torch's backward saves the input alone, so changing var or mean in place after the call leaves the gradient
-    as it was: ours too (it keeps the mean by value and recomputes it where the output changed)."""
+    as it was: ours too (it keeps the mean by value and recomputes it where the output changed), eager and under
+    torch.compile (whose functionalized graph sees the change as a new tensor)."""
     x = torch.randn(3, 5, dtype=torch.float64, device=device)
     grads = []
     for op in (torch_reduce.var_mean, torch.var_mean):
+        def loss(leaf):
+            var, mean = op(leaf, 1)
+            IN_PLACE[change](var, mean)
+            return var.sum() + (mean * mean).sum()
         leaf = x.clone().requires_grad_()
-        var, mean = op(leaf, 1)
-        IN_PLACE[change](var, mean)
-        grads.append(torch.autograd.grad(var.sum() + (mean * mean).sum(), leaf)[0])
+        grads.append(torch.autograd.grad((torch.compile(loss, fullgraph=True) if compiled else loss)(leaf), leaf)[0])
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
 
 
