@@ -289,6 +289,18 @@ def test_complex_scalar_over_its_dim(name, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_complex_mean_with_an_infinite_part(dtype, device):
+    """Each part's mean on its own (README): inf in one part leaves the other part's mean finite, where torch's
+    division by the count as a complex number makes it NaN."""
+    x = torch.tensor([[1 + 2j, complex(math.inf, 0), 3 - 5j], [2j, complex(0, -math.inf), 1]], dtype=dtype,
+                     device=device)
+    got = torch.view_as_real(torch_reduce.mean(x, 1)).cpu().double()
+    want = torch.tensor([[math.inf, -1.0], [1 / 3, -math.inf]], dtype=torch.float64)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_complex_int_mean_dtype(device):
     i = torch.randint(-50, 50, (5, 8), device=device)
     assert torch.equal(torch_reduce.mean(i, 1, dtype=torch.complex128).cpu(),

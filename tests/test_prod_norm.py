@@ -240,6 +240,20 @@ def test_prod_gradient_with_zeros(device):
 
 
 @pytest.mark.skipif(SELF_CHECK, reason="torch.prod takes one dim")
+@pytest.mark.skipif(SELF_CHECK, reason="torch's gradient is NaN at an infinite element")
+@pytest.mark.parametrize("device", DEVICES)
+def test_prod_gradient_at_infinity(device):
+    """At an infinite element the gradient is the product of the others (README), with or without a zero elsewhere
+    in the input; torch's divides the product by the element there (NaN) unless the input holds a zero."""
+    x = torch.tensor([[2.0, INF, 3.0], [-1.5, 4.0, -INF], [INF, -INF, 0.5]], device=device, dtype=torch.float64)
+    for rows in (x, torch.cat([x, torch.zeros(1, 3, device=device, dtype=torch.float64)])):
+        leaf = rows.clone().requires_grad_()
+        (got,) = torch.autograd.grad(prod(leaf, 1).sum(), leaf)
+        want = torch.stack([torch.stack([torch.cat([r[:i], r[i + 1:]]).prod() for i in range(r.numel())])
+                            for r in rows])
+        torch.testing.assert_close(got, want, msg=lambda m: f"{rows.shape[0]} rows: {m}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_prod_several_dims(device):
     """A tuple of dims (torch.prod takes one): the product over all of them, its gradient that of the
