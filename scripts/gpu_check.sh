@@ -10,6 +10,9 @@
 #   scripts/gpu_check.sh [--quick] [--steps build,test,wheel,sanitize,ncu,profile,bench,two-gpu] [--tests "tests/a.py ..."]
 #                        [--sections ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm,host] [--gpus 1|2]
 #   scripts/gpu_check.sh --layernorm-quick   # build, then the quick LayerNorm section alone
+#   scripts/gpu_check.sh --workers 4 ...     # the tests in 4 pytest-xdist processes sharing the GPU (carry the
+#                                            # pytest-xdist and execnet wheels in .whl/), the ones marked large after
+#                                            # them, one at a time
 #   scripts/gpu_check.sh --prebuilt ...      # the extension built by scripts/prebuild_for_gpu.sh (carry .prebuilt)
 #                                            # instead of the build step; built here if it does not load
 #   scripts/gpu_check.sh --gpus 2            # two GPUs: build, then tests/test_two_gpus.py and
@@ -27,6 +30,7 @@ SECTIONS=ladder,dropin,dims,layernorm,rmsnorm,addnorm,gradnorm,host
 QUICK=
 TESTS=tests
 PREBUILT=
+WORKERS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) PREBUILT=1 ;;
@@ -35,6 +39,7 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift ;;
     --sections) SECTIONS=$2; shift ;;
     --tests) TESTS=$2; shift ;;
+    --workers) WORKERS=$2; shift ;;
     --gpus) GPUS=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -108,10 +113,24 @@ fi
 if want test; then
   # -v: each test's outcome is logged as it finishes, so a run stopped by its time limit still names its failures
   # (a whole-suite run on a warm machine, 6,742 tests in 400 s, was stopped with two failures and no names).
-  step tests 560 python3 -m pytest -v -rs -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" $TESTS
-  tail -3 "$WORK/logs/tests.log" | tee -a "$SUMMARY"
-  grep -E " (FAILED|ERROR) " "$WORK/logs/tests.log" | head -20 | tee -a "$SUMMARY"
-  grep -E "^SKIPPED" "$WORK/logs/tests.log" | head -20 | tee -a "$SUMMARY"
+  if [ "$WORKERS" -gt 1 ] && python3 -c 'import xdist' 2>/dev/null; then
+    # The whole suite no longer fits one 10-minute call serially (745 s on an H100). Workers share the GPU; the
+    # tests marked large (> 2^31 elements, GBs each) run after them, alone, so that no two hold their GBs at once.
+    step tests 420 python3 -m pytest -v -rs -p no:cacheprovider -p xdist -n "$WORKERS" -m "not large" \
+      --junitxml="$WORK/logs/junit.xml" $TESTS
+    step tests-large 140 python3 -m pytest -v -rs -p no:cacheprovider -m large \
+      --junitxml="$WORK/logs/junit-large.xml" $TESTS
+    logs="tests tests-large"
+  else
+    [ "$WORKERS" -gt 1 ] && note "--workers $WORKERS: pytest-xdist is not installed (carry its wheel); serially"
+    step tests 560 python3 -m pytest -v -rs -p no:cacheprovider --junitxml="$WORK/logs/junit.xml" $TESTS
+    logs=tests
+  fi
+  for log in $logs; do
+    tail -3 "$WORK/logs/$log.log" | tee -a "$SUMMARY"
+    grep -E " (FAILED|ERROR) " "$WORK/logs/$log.log" | head -20 | tee -a "$SUMMARY"
+    grep -E "^SKIPPED" "$WORK/logs/$log.log" | head -20 | tee -a "$SUMMARY"
+  done
 fi
 if want wheel; then
   # The wheel as a user installs it: built in-tree (ninja reuses the build step's objects when the flags are the

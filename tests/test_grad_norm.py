@@ -974,6 +974,7 @@ def test_side_stream_and_cuda_graph():
             assert torch.equal(g, e.grad)
 
 
+@pytest.mark.large
 @requires_cuda
 def test_more_than_2_31_elements():
     n = 2**31 + 3

@@ -1071,6 +1071,7 @@ def assert_close_in_chunks(got, want, what, chunk=2**26):
                                    msg=lambda m: f"{what}, elements from {start}: {m}")
 
 
+@pytest.mark.large
 @requires_cuda
 @pytest.mark.cuda
 @pytest.mark.slow

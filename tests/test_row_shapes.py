@@ -93,6 +93,7 @@ def test_narrow_rows_deterministic_and_large():
         assert torch.allclose(first.double(), x.double().sum(-1), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.large
 @requires_cuda
 def test_narrow_rows_past_2_to_the_31():
     """More than 2^31 elements in rows of 2 bfloat16 (the vector kernel's 64-bit indices; 3 rows past the last

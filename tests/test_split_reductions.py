@@ -139,6 +139,7 @@ def test_batchnorm_statistics_read_in_place(memory_format):
         assert all(torch.equal(results[0], r) for r in results[1:]), op.__name__
 
 
+@pytest.mark.large
 @requires_cuda
 def test_more_than_2_31_elements_over_dims_apart():
     """int8 (2049, 4, 2^18 + 3) over (0, 2): 2.15e9 elements, two stages, exact against torch."""
