@@ -114,8 +114,9 @@ if want test; then
   # -v: each test's outcome is logged as it finishes, so a run stopped by its time limit still names its failures
   # (a whole-suite run on a warm machine, 6,742 tests in 400 s, was stopped with two failures and no names).
   if [ "$WORKERS" -gt 1 ] && python3 -c 'import xdist' 2>/dev/null; then
-    # The whole suite no longer fits one 10-minute call serially (745 s on an H100). Workers share the GPU; the
-    # tests marked large (> 2^31 elements, GBs each) run after them, alone, so that no two hold their GBs at once.
+    # The whole suite no longer fits one 10-minute call serially (745 s on an H100; 4 workers, the large tests
+    # among them, ran 84% in 540 s). Workers share the GPU; the tests marked large (> 2^31 elements, GBs each) run
+    # after them, alone, so that no two hold their GBs at once.
     step tests 420 python3 -m pytest -v -rs -p no:cacheprovider -p xdist -n "$WORKERS" -m "not large" \
       --junitxml="$WORK/logs/junit.xml" $TESTS
     step tests-large 140 python3 -m pytest -v -rs -p no:cacheprovider -m large \
