@@ -119,8 +119,9 @@ if want test; then
     # after them, alone, so that no two hold their GBs at once.
     step tests 420 python3 -m pytest -v -rs -p no:cacheprovider -p xdist -n "$WORKERS" -m "not large" \
       --junitxml="$WORK/logs/junit.xml" $TESTS
-    step tests-large 140 python3 -m pytest -v -rs -p no:cacheprovider -m large \
-      --junitxml="$WORK/logs/junit-large.xml" $TESTS
+    # pytest's exit status 5, no test collected (a --tests without large ones), is not a failure here
+    step tests-large 140 bash -c 'python3 -m pytest -v -rs -p no:cacheprovider -m large --junitxml="$0" "$@";
+      rc=$?; exit $((rc == 5 ? 0 : rc))' "$WORK/logs/junit-large.xml" $TESTS
     logs="tests tests-large"
   else
     [ "$WORKERS" -gt 1 ] && note "--workers $WORKERS: pytest-xdist is not installed (carry its wheel); serially"
