@@ -53,8 +53,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd(const at::Tensor
                                                                 const std::optional<at::Tensor>& weight,
                                                                 std::optional<double> eps);
 
-// The global gradient norm in torch's own ops (torch._foreach_norm's slow path, get_total_norm's stack and norm,
-// clip_grads_with_norm_'s multiply).
+// The global gradient norm in torch's own ops (torch._foreach_norm's slow path, get_total_norm's stack and norm as
+// on its per-tensor route, clip_grads_with_norm_'s multiply).
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
 at::Tensor total_norm(at::TensorList tensors, double ord);
 void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm);

@@ -530,12 +530,13 @@ PyObject* clip_grad_norm_entry(PyObject*, PyObject* const* args, Py_ssize_t narg
   if (grads.empty()) return slow();
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("reduce::clip_grad_norm_", "")
-                             .typed<at::Tensor(at::TensorList, double, double)>();
+                             .typed<at::Tensor(at::TensorList, double, double, bool)>();
+  const bool foreach_route = foreach != Py_False;  // None: torch's route for plain tensors
   at::Tensor total;
   WarningSeen warnings;
   const bool ran = run_released([&] {
     const at::NoGradGuard no_grad;  // the wrapper's torch.no_grad()
-    return op.call(grads, max_norm, norm_type);
+    return op.call(grads, max_norm, norm_type, foreach_route);
   }, total, warnings);
   if (!ran) {
     if (!raised_in_python()) return slow();

@@ -159,11 +159,11 @@ std::vector<at::Tensor> foreach_norm_sparse(at::TensorList tensors, double ord, 
   return op.call(norm_operands(tensors), ord, dtype);
 }
 
-at::Tensor total_norm_sparse(at::TensorList tensors, double ord) {
+at::Tensor total_norm_sparse(at::TensorList tensors, double ord, bool foreach) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("reduce::total_norm", "")
-                             .typed<at::Tensor(at::TensorList, double)>();
-  return op.call(norm_operands(tensors), ord);
+                             .typed<at::Tensor(at::TensorList, double, bool)>();
+  return op.call(norm_operands(tensors), ord, foreach);
 }
 
 void clip_grads_sparse(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {
@@ -198,7 +198,9 @@ std::vector<at::Tensor> foreach_norm_compressed(at::TensorList tensors, double, 
   refuse_compressed(tensors, "reduce::foreach_norm");
 }
 
-at::Tensor total_norm_compressed(at::TensorList tensors, double) { refuse_compressed(tensors, "reduce::total_norm"); }
+at::Tensor total_norm_compressed(at::TensorList tensors, double, bool) {
+  refuse_compressed(tensors, "reduce::total_norm");
+}
 
 void clip_grads_compressed(at::TensorList grads, const at::Tensor&, double) {
   refuse_compressed(grads, "reduce::clip_grads_");

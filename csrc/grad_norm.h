@@ -125,16 +125,16 @@ TR_HOST_DEVICE T in_torch_range(const Ops& ops, T accumulator, bool float32_fold
 namespace cpu {
 // The CPU kernels, for every tensor on the CPU; the CUDA kernels call them for a list's CPU tensors.
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
-at::Tensor total_norm(at::TensorList tensors, double ord);
+at::Tensor total_norm(at::TensorList tensors, double ord, bool foreach);
 void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm);
 }  // namespace cpu
 
 // clip_grad_norm_ from a backend's total_norm and clip_grads_.
-using TotalNormKernel = at::Tensor (*)(at::TensorList, double);
+using TotalNormKernel = at::Tensor (*)(at::TensorList, double, bool);
 using ClipGradsKernel = void (*)(at::TensorList, const at::Tensor&, double);
 template <TotalNormKernel kTotalNorm, ClipGradsKernel kClipGrads>
-at::Tensor clip_grad_norm(at::TensorList grads, double max_norm, double norm_type) {
-  at::Tensor total = kTotalNorm(grads, norm_type);
+at::Tensor clip_grad_norm(at::TensorList grads, double max_norm, double norm_type, bool foreach) {
+  at::Tensor total = kTotalNorm(grads, norm_type, foreach);
   kClipGrads(grads, total, max_norm);
   return total;
 }

@@ -35,12 +35,12 @@ std::vector<at::Tensor> foreach_norm_autograd(at::TensorList tensors, double ord
   return call_below_autograd(op, tensors, ord, dtype);
 }
 
-at::Tensor total_norm_autograd(at::TensorList tensors, double ord) {
+at::Tensor total_norm_autograd(at::TensorList tensors, double ord, bool foreach) {
   if (any_records_grad(tensors) || any_needs_composite(tensors)) return composite::total_norm(tensors, ord);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("reduce::total_norm", "")
-                             .typed<at::Tensor(at::TensorList, double)>();
-  return call_below_autograd(op, tensors, ord);
+                             .typed<at::Tensor(at::TensorList, double, bool)>();
+  return call_below_autograd(op, tensors, ord, foreach);
 }
 
 void clip_grads_autograd(at::TensorList grads, const at::Tensor& total_norm, double max_norm) {
@@ -54,7 +54,7 @@ void clip_grads_autograd(at::TensorList grads, const at::Tensor& total_norm, dou
   for (const at::Tensor& g : grads) torch::autograd::increment_version(g);
 }
 
-at::Tensor clip_grad_norm_autograd(at::TensorList grads, double max_norm, double norm_type) {
+at::Tensor clip_grad_norm_autograd(at::TensorList grads, double max_norm, double norm_type, bool foreach) {
   if (any_records_grad(grads) || any_needs_composite(grads)) {
     at::Tensor total = composite::total_norm(grads, norm_type);
     composite::clip_grads_(grads, total, max_norm);
@@ -62,8 +62,8 @@ at::Tensor clip_grad_norm_autograd(at::TensorList grads, double max_norm, double
   }
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("reduce::clip_grad_norm_", "")
-                             .typed<at::Tensor(at::TensorList, double, double)>();
-  at::Tensor total = call_below_autograd(op, grads, max_norm, norm_type);
+                             .typed<at::Tensor(at::TensorList, double, double, bool)>();
+  at::Tensor total = call_below_autograd(op, grads, max_norm, norm_type, foreach);
   for (const at::Tensor& g : grads) torch::autograd::increment_version(g);
   return total;
 }

@@ -49,9 +49,11 @@ TORCH_LIBRARY(reduce, m) {
   // dtype, else the tensor's); total_norm: the norm of every element of the list, in the tensors' promoted dtype on
   // the first tensor's device (torch.nn.utils.get_total_norm's value); clip_grads_: each gradient times
   // clamp(max_norm / (total_norm + 1e-6), max=1), computed on the device (torch.nn.utils.clip_grads_with_norm_);
-  // clip_grad_norm_: total_norm then clip_grads_ in one call (one list to convert), returning the total.
+  // clip_grad_norm_: total_norm then clip_grads_ in one call (one list to convert), returning the total. foreach:
+  // each tensor's norm as torch's foreach route takes it (_foreach_norm per dtype), else as its per-tensor route
+  // (linalg.vector_norm, torch's foreach=False); they differ only on CUDA (norm_is_magnitude).
   m.def("foreach_norm(Tensor[] tensors, float ord=2, ScalarType? dtype=None) -> Tensor[]");
-  m.def("total_norm(Tensor[] tensors, float ord=2) -> Tensor");
+  m.def("total_norm(Tensor[] tensors, float ord=2, bool foreach=True) -> Tensor");
   m.def("clip_grads_(Tensor(a!)[] grads, Tensor total_norm, float max_norm) -> ()");
-  m.def("clip_grad_norm_(Tensor(a!)[] grads, float max_norm, float norm_type=2) -> Tensor");
+  m.def("clip_grad_norm_(Tensor(a!)[] grads, float max_norm, float norm_type=2, bool foreach=True) -> Tensor");
 }

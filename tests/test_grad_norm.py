@@ -628,25 +628,30 @@ def test_complex_dtype_and_nan_order_edges_like_torch(ord, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("foreach", [None, True, False], ids=["foreach_default", "foreach", "one_by_one"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("ord", [2, 3, 0.5, -2, 1, INF], ids=str)
-def test_one_element_tensors_beyond_the_range_like_torch(ord, dtype, device):
+def test_one_element_tensors_beyond_the_range_like_torch(ord, dtype, foreach, device):
     """A one-element tensor (a 0-dim gradient, such as a learned temperature's) whose |x|^p leaves float32's range:
-    torch's norm of it: |x| on the CPU (no fold there) and on the GPU but at order 2 (the float32 fold of torch's
-    _foreach_norm kernel: inf or 0); alone in a list or beside others."""
+    torch's norm of it: |x| on the CPU (no fold there) and on the GPU but at order 2 on the foreach route (the float32
+    fold of torch's _foreach_norm kernel: inf or 0; foreach=False takes linalg.vector_norm, |x|); alone in a list,
+    beside others of its dtype or of another (torch groups a list by dtype)."""
     big, tiny = min(torch.finfo(dtype).max / 2, 3e19), max(torch.finfo(dtype).tiny, 1e-25)
     tol = dict(rtol=TORCH_TOL[dtype]["rtol"], atol=0)  # relative alone: the tiny element's norm is 1e-25, not 0
+    other = torch.float16 if dtype == torch.float64 else torch.float64
     for value in (big, -big, tiny):
         x = torch.tensor(value, dtype=dtype, device=device)
-        for lists in ([x], [x.view(1)], [x, torch.ones(3, dtype=dtype, device=device)]):
+        for lists in ([x], [x.view(1)], [x, torch.ones(3, dtype=dtype, device=device)],
+                      [x, torch.ones(3, dtype=other, device=device)]):
             for got, want in zip(torch_reduce.foreach_norm(lists, ord), torch._foreach_norm(lists, ord)):
                 torch.testing.assert_close(got, want, **tol)
-            torch.testing.assert_close(torch_reduce.get_total_norm(lists, ord),
-                                       torch.nn.utils.get_total_norm(lists, ord), **tol)
+            rtol = max(TORCH_TOL[t.dtype]["rtol"] for t in lists)  # torch rounds each tensor's norm to its dtype
+            torch.testing.assert_close(torch_reduce.get_total_norm(lists, ord, foreach=foreach),
+                                       torch.nn.utils.get_total_norm(lists, ord, foreach=foreach), rtol=rtol, atol=0)
         ours, theirs = (torch.nn.Parameter(torch.zeros((), dtype=dtype, device=device)) for _ in range(2))
         ours.grad, theirs.grad = x.clone(), x.clone()
-        torch.testing.assert_close(torch_reduce.clip_grad_norm_([ours], 1.0, ord),
-                                   torch.nn.utils.clip_grad_norm_([theirs], 1.0, ord), **tol)
+        torch.testing.assert_close(torch_reduce.clip_grad_norm_([ours], 1.0, ord, foreach=foreach),
+                                   torch.nn.utils.clip_grad_norm_([theirs], 1.0, ord, foreach=foreach), **tol)
         torch.testing.assert_close(ours.grad, theirs.grad, **tol)
 
 

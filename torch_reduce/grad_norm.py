@@ -38,14 +38,16 @@ def foreach_norm(tensors: Sequence[torch.Tensor], ord: float = 2, dtype: Optiona
     return tuple(torch.ops.reduce.foreach_norm(tensors, float(ord), dtype))
 
 
-def _check_foreach(tensors: list[torch.Tensor], foreach: Optional[bool]) -> None:
-    """foreach=True on a device type without torch's foreach kernels raises, as torch's does; otherwise ``foreach``
-    changes nothing: ours are multi-tensor kernels on CPU and CUDA alike."""
-    if not foreach:
-        return
-    for device in {t.device for t in tensors}:
-        if device.type not in ("cpu", "cuda"):
-            raise RuntimeError(f"foreach=True was passed, but can't use the foreach API on {device.type} tensors")
+def _check_foreach(tensors: list[torch.Tensor], foreach: Optional[bool]) -> bool:
+    """foreach=True on a device type without torch's foreach kernels raises, as torch's does. Returns the route
+    whose norms the ops give (their ``foreach``): torch's foreach route (None or True) or its per-tensor one (False).
+    Ours are multi-tensor kernels either way; on CUDA the routes' norms differ where torch's _foreach_norm folds a
+    one-element tensor's square in float32 (3e19 gives inf at order 2) and linalg.vector_norm gives its magnitude."""
+    if foreach:
+        for device in {t.device for t in tensors}:
+            if device.type not in ("cpu", "cuda"):
+                raise RuntimeError(f"foreach=True was passed, but can't use the foreach API on {device.type} tensors")
+    return foreach is not False
 
 
 @torch.no_grad()
@@ -58,8 +60,7 @@ def get_total_norm(tensors: _Tensors, norm_type: float = 2.0, error_if_nonfinite
     norm_type = float(norm_type)
     if len(tensors) == 0:
         return torch.tensor(0.0)
-    _check_foreach(tensors, foreach)
-    total_norm = torch.ops.reduce.total_norm(tensors, norm_type)
+    total_norm = torch.ops.reduce.total_norm(tensors, norm_type, _check_foreach(tensors, foreach))
     if error_if_nonfinite and torch.logical_or(total_norm.isnan(), total_norm.isinf()):
         raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it "
                            "cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
@@ -90,8 +91,8 @@ def clip_grads_with_norm_(parameters: _Tensors, max_norm: float, total_norm: tor
 def clip_grad_norm_(parameters: _Tensors, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
                     foreach: Optional[bool] = None) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_: scales the gradients of ``parameters`` in place so that their total norm of
-    order ``norm_type`` is at most ``max_norm``, and returns that total norm (before scaling). ``foreach`` is
-    accepted for torch's signature: every call runs the multi-tensor kernels."""
+    order ``norm_type`` is at most ``max_norm``, and returns that total norm (before scaling). Every call runs the
+    multi-tensor kernels; ``foreach`` picks whose norms they give, as in get_total_norm."""
     with torch.no_grad():  # not a decorator: torch.compile substitutes this function for the C entry point
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
@@ -108,8 +109,8 @@ def clip_grad_norm_(parameters: _Tensors, max_norm: float, norm_type: float = 2.
             if grads:
                 torch.ops.reduce.clip_grads_(grads, total_norm, max_norm)
             return total_norm
-        _check_foreach(grads, foreach)
-        return torch.ops.reduce.clip_grad_norm_(grads, float(max_norm), float(norm_type))
+        foreach = _check_foreach(grads, foreach)
+        return torch.ops.reduce.clip_grad_norm_(grads, float(max_norm), float(norm_type), foreach)
 
 
 _WRAPPERS = {"clip_grad_norm_": clip_grad_norm_}

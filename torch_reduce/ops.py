@@ -462,7 +462,7 @@ def _foreach_norm_fake(tensors, ord=2.0, dtype=None):
 
 
 @torch.library.register_fake("reduce::total_norm")
-def _total_norm_fake(tensors, ord=2.0):
+def _total_norm_fake(tensors, ord=2.0, foreach=True):
     _check_norm_list(tensors, ord, None)
     if _real(tensors[0]):  # torch stacks each device's norm on the first tensor's device
         raise NotImplementedError(_NO_DATA)
@@ -490,7 +490,7 @@ def _check_grads(op: str, grads) -> None:
 
 
 @torch.library.register_fake("reduce::clip_grad_norm_")
-def _clip_grad_norm_fake(grads, max_norm, norm_type=2.0):
+def _clip_grad_norm_fake(grads, max_norm, norm_type=2.0, foreach=True):
     total = _total_norm_fake(grads, norm_type)
     _check_grads("reduce::clip_grads_", grads)
     if any(_real(g) for g in grads):  # a meta total cannot scale a real gradient

@@ -119,7 +119,8 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
   return norms;
 }
 
-at::Tensor total_norm(at::TensorList tensors, double ord) {
+// Either route's: torch's CPU _foreach_norm takes every tensor per tensor.
+at::Tensor total_norm(at::TensorList tensors, double ord, bool /*foreach*/) {
   const char* op = "reduce::total_norm";
   check_norm_list(tensors, ord, std::nullopt);
   const NormOperands real = real_operands(tensors, ord, std::nullopt);

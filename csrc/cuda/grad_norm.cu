@@ -473,14 +473,14 @@ bool torch_fast_route(at::TensorList tensors) {
   });
 }
 
-// Each tensor's norm_is_magnitude as torch's get_total_norm meets it: one _foreach_norm call per dtype of a
-// device's tensors (`tensors`).
-std::vector<char> total_magnitudes(at::TensorList tensors, double ord) {
+// Each tensor's norm_is_magnitude as torch's get_total_norm meets it: on its foreach route one _foreach_norm call
+// per dtype of a device's tensors (`tensors`), else linalg.vector_norm per tensor.
+std::vector<char> total_magnitudes(at::TensorList tensors, double ord, bool foreach) {
   std::vector<std::pair<at::ScalarType, bool>> fast_groups;  // per dtype: all real and dense
   for (const at::Tensor& t : tensors) {
     auto it = std::find_if(fast_groups.begin(), fast_groups.end(),
                            [&](const auto& g) { return g.first == t.scalar_type(); });
-    if (it == fast_groups.end()) it = fast_groups.insert(fast_groups.end(), {t.scalar_type(), true});
+    if (it == fast_groups.end()) it = fast_groups.insert(fast_groups.end(), {t.scalar_type(), foreach});
     it->second = it->second && !t.is_complex() && t.is_non_overlapping_and_dense();
   }
   std::vector<char> magnitude;
@@ -529,7 +529,7 @@ std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, st
   return norms;
 }
 
-at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
+at::Tensor total_norm_cuda(at::TensorList tensors, double ord, bool foreach) {
   const char* op = "reduce::total_norm";
   check_norm_list(tensors, ord, std::nullopt);
   const at::ScalarType result_type = total_norm_dtype(tensors);
@@ -538,7 +538,7 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
   std::vector<at::Tensor> totals;
   for_each_device(real, op, [&](at::Device device, const std::vector<int64_t>& positions) {
     if (device.is_cpu()) {
-      totals.push_back(cpu::total_norm(select(tensors, positions), ord).to(result_type));
+      totals.push_back(cpu::total_norm(select(tensors, positions), ord, foreach).to(result_type));
       return;
     }
     std::vector<at::Tensor> dense;
@@ -549,7 +549,7 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord) {
       norm_types.push_back(operands.norm_types[i]);
       wide = wide || real[i].scalar_type() == at::kDouble;
     }
-    const std::vector<char> magnitude = total_magnitudes(select(tensors, positions), ord);
+    const std::vector<char> magnitude = total_magnitudes(select(tensors, positions), ord, foreach);
     const at::Tensor total = at::empty({}, real[positions[0]].options().dtype(result_type));
     if (tensors.size() == 1 && magnitude[0]) {
       total.copy_(magnitudes(tensors[0], std::nullopt).reshape({}));
@@ -601,7 +601,7 @@ void clip_grads_cuda(at::TensorList grads, const at::Tensor& total_norm, double 
 // One CUDA device and dense real gradients, or complex ones at order 2 (the common case): one pass over the list
 // checks it and builds the tables that both the norm's and the scaling's launches read. Any other list:
 // total_norm, then clip_grads_.
-at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double norm_type) {
+at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double norm_type, bool foreach) {
   check_norm_list(grads, norm_type, std::nullopt);
   const at::Device device = grads[0].device();
   bool one_dense_cuda_list = device.is_cuda();
@@ -617,15 +617,15 @@ at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double nor
   const auto wider = [&](const at::Tensor& g) { return scaled_in_a_wider_type(g, total_type); };
   if (!one_dense_cuda_list || (complex && norm_type != 2) ||
       (zero_dim && std::any_of(grads.begin(), grads.end(), wider)) ||
-      (grads.size() == 1 && total_magnitudes(grads, norm_type)[0]))
-    return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type);
+      (grads.size() == 1 && total_magnitudes(grads, norm_type, foreach)[0]))
+    return clip_grad_norm<&total_norm_cuda, &clip_grads_cuda>(grads, max_norm, norm_type, foreach);
   const bool wide = total_type == at::kDouble;  // only float types reach here: double iff one is double
   const c10::cuda::CUDAGuard guard(device);
   check_kernel_image_for_current_device();
   const at::Tensor total = at::empty({}, grads[0].options().dtype(total_type));
   std::vector<at::ScalarType> norm_types;
   for (const at::Tensor& g : grads) norm_types.push_back(c10::toRealValueType(g.scalar_type()));
-  const std::vector<char> magnitude = total_magnitudes(grads, norm_type);
+  const std::vector<char> magnitude = total_magnitudes(grads, norm_type, foreach);
   with_tuning([&](auto tuning) {
     const ListTables<decltype(tuning)> lists(complex ? at::TensorList(real_views(grads)) : grads);
     launch_norms(lists, device, norm_type, wide, true, norm_types, magnitude, {}, total);
