@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import torch_reduce
 from conftest import DEVICES, requires_cuda, seed_torch
+from norm_reference import layer_norm_formula, rms_norm_formula
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HIDDEN = [1, 7, 32, 33, 768, 1000, 1024, 2048, 4096, 4097, 8192, 12288, 16384, 18432, 32768, 32776]
@@ -38,10 +39,10 @@ def unaligned(rows, hidden, dtype, device):
 
 
 def reference(x, shape, weight, bias, eps):
-    """F.layer_norm in float64, rounded to the input dtype: what exact math gives."""
+    """LayerNorm's formula in float64 (norm_reference.py): what exact math gives."""
     up = lambda t: None if t is None else t.detach().double().requires_grad_()  # noqa: E731
     xs, ws, bs = up(x), up(weight), up(bias)
-    return F.layer_norm(xs, shape, ws, bs, eps), (xs, ws, bs)
+    return layer_norm_formula(xs, shape, ws, bs, eps), (xs, ws, bs)
 
 
 def conditioning(x, shape, eps, centred=True):
@@ -96,6 +97,18 @@ def test_16bit_input_float32_params_every_layout(rows, hidden, dtype, with_bias,
     x = (2 + 3 * torch.randn(rows, hidden, device=device)).to(dtype)
     weight, bias = make_params((hidden,), torch.float32, device, True, with_bias)
     check(x, (hidden,), weight, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("normalized", [(1,), (3,), (2, 3)], ids=str)
+@pytest.mark.parametrize("affine,with_bias", [(False, True), (True, True), (True, False)], ids=["bias", "both", "weight"])
+def test_more_than_65536_rows_of_few_elements(normalized, affine, with_bias, device):
+    """Past 65536 rows of a few elements, where torch 2.11's CUDA LayerNorm backward takes another path for its
+    parameter gradients (a zero bias gradient without a weight, measured on an H100; a scratch buffer sized by the
+    weight's last dimension): ours against the formula alone, the two-dimension normalized shape among them."""
+    x = torch.randn(65539, *normalized, device=device)
+    weight, bias = make_params(normalized, torch.float32, device, affine, with_bias)
+    check(x, normalized, weight, bias)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -364,7 +377,8 @@ def check_norm_grads(name, x, r, w, b, eps=None):
         y, s = call(x, (hidden,), *params, **kwargs), x
         outputs, inputs = (y,), (x, *params)
     s64, w64, b64 = (t.detach().double().requires_grad_() for t in (s, w, b))
-    y64 = F.layer_norm(s64, (hidden,), w64, b64, eps_used) if layer else F.rms_norm(s64, (hidden,), w64, eps_used)
+    y64 = (layer_norm_formula(s64, (hidden,), w64, b64, eps_used) if layer else
+           rms_norm_formula(s64, (hidden,), w64, eps_used))
     kappa = conditioning(s, (hidden,), eps_used, centred=layer)
     tol = {k: v * kappa for k, v in TOL[dtype].items()}
     assert y.dtype == dtype
@@ -529,7 +543,7 @@ def test_backward_wide_rows_mixed_and_plain(rows, dtype, hidden, param_dtype):
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, leaves, grad)
     leaves64 = [t.detach().double().requires_grad_() for t in leaves]
-    ref = F.rms_norm(leaves64[0], (hidden,), leaves64[1] if weight is not None else None, 1e-6)
+    ref = rms_norm_formula(leaves64[0], (hidden,), leaves64[1] if weight is not None else None, 1e-6)
     want = torch.autograd.grad(ref, leaves64, grad.double())
     torch.testing.assert_close(out, ref.to(dtype), **TOL[dtype])
     torch.testing.assert_close(got[0], want[0].to(dtype), **TOL[dtype])

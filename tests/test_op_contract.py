@@ -489,7 +489,7 @@ def test_autocast(spec, input_dtype, device, autocast_dtype):
         # tolerance between the two. The gradients against the size of their terms before they cancel.
         theirs = want[0] + want[1]
         reference = float64_results(reference_op(spec, dtype), args, kwargs, theirs, cotangents)
-        scales = [None] * len(want[0]) + gradient_scales(spec.torch, args, kwargs, cotangents)
+        scales = [None] * len(want[0]) + gradient_scales(reference_op(spec, dtype), args, kwargs, cotangents)
         assert_near_reference(got[0] + got[1], reference, theirs, "autocast (outputs, gradients) vs float64", scales,
                               **TOL[autocast_dtype])
 
@@ -710,9 +710,10 @@ def assert_near_reference(got, want, theirs, what, scales, rtol, atol):
 def test_float64_reference(spec, dtype, device):
     """Every sample and reference input (misaligned storage offsets, empty tensors and 0-size dims, scalars,
     transposed, stepped and expanded views, odd sizes) in float32, bfloat16 and float16: torch's dtypes and
-    shapes; outputs and gradients of torch's op on the same values in float64, rounded to those dtypes, within a
-    tolerance of the dtype's rounding (scaled to the result, or to the gradient's terms before they cancel) plus
-    twice torch's own error (torch's CPU kernels round some 16-bit intermediates)."""
+    shapes; outputs and gradients of the float64 reference (torch's op, or the spec's) on the same values,
+    rounded to those dtypes, within a tolerance of the dtype's rounding (scaled to the result, or to the
+    gradient's terms before they cancel) plus twice torch's own error (torch's CPU kernels round some 16-bit
+    intermediates)."""
     def check(args, kwargs):
         fn, leaves = as_function(spec.op, args, kwargs)
         ref, theirs_leaves = as_function(spec.torch, args, kwargs)
@@ -725,7 +726,7 @@ def test_float64_reference(spec, dtype, device):
 
         theirs = [o.detach() for o in theirs] + grads(theirs, theirs_leaves)
         want = float64_results(reference_op(spec, dtype), args, kwargs, theirs, cotangents)
-        scales = [None] * len(outs) + gradient_scales(spec.torch, args, kwargs, cotangents)
+        scales = [None] * len(outs) + gradient_scales(reference_op(spec, dtype), args, kwargs, cotangents)
         assert_near_reference(outs + grads(outs, leaves), want, theirs, "(outputs, gradients) vs float64", scales,
                               **TOL[dtype])
 
