@@ -1,7 +1,8 @@
 """LayerNorm and RMSNorm by their formulas, for float64 references (autograd through them gives the exact
-gradients). torch's own norm kernels are not a reference: torch 2.11's CUDA F.layer_norm backward gives a zero
-bias gradient past 65536 rows when there is no weight (H100, float32 and float64, 69437 and 131075 rows of one
-element); its large-row path sizes a scratch buffer by the weight's last dimension."""
+gradients). torch's own norm kernels are not a reference: past 65536 rows torch 2.11's CUDA F.layer_norm backward
+sizes its parameter gradients' scratch by the weight's last dimension (H100: without a weight, a zero bias gradient
+at 69437 and 131075 rows of one element, float32 and float64, and an error at three elements; with a normalized
+shape of two dims, an error)."""
 import torch
 
 
