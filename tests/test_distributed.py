@@ -722,6 +722,59 @@ def check_dtensor_gradient_norms(ctx):
         torch_reduce.foreach_norm([tensors[0], wholes[0]])
 
 
+@case("DTensor norms at float32's range edges: torch's values on the whole tensors")
+def check_dtensor_norms_at_range_edges(ctx):
+    """Values whose terms |x|^p or whose sums leave float32's range, where torch folds in float32 (float32, 16-bit):
+    torch's norms of the whole tensors are inf (a sum past 3.4e38) or 0 (terms that underflow), and so must the
+    sharded ones be, also where each rank's part alone stays in range; a float16 norm past 65504 is inf. A one-element
+    tensor's norm is its magnitude (in a list of its own: on CUDA torch's foreach route folds it)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    def scaled(shape, scale, dtype=torch.float32):
+        return (ctx.shared_randn(*shape, dtype=torch.float64) * scale).to(dtype)
+
+    ranks_in_range = torch.full((4, 1), 1e19, device=ctx.device)  # each rank's squares sum to 2e38, the whole's 4e38
+    lists = {"overflow": [scaled((4, 3), 3e19), scaled((6, 2), 1e19), scaled((4, 3), 3e19, torch.bfloat16)],
+             "underflow": [scaled((4, 3), 1e-25), scaled((4, 3), 1e-39), scaled((5, 2), 1.0)],
+             "float16 and float64": [scaled((4, 3), 4e4, torch.float16), scaled((3, 2), 1e19, torch.float64),
+                                     scaled((5, 2), 1.0)],
+             "past the range over the ranks": [ranks_in_range],
+             "one element": [torch.full((1,), 3e19, device=ctx.device)]}
+
+    def check(got, want, what, dtypes=()):
+        """inf and 0 exactly, else within the rounding of the narrowest of ``dtypes`` (torch's total is the norm of
+        its per-tensor norms, each rounded to its tensor's dtype; ours are not rounded)."""
+        if want.isinf() | (want == 0) | got.isinf() | (got == 0):
+            assert torch.equal(got, want), f"{what}: got {got.item()}, torch's {want.item()}"
+        else:
+            rtol = max({torch.float64: 1e-12, torch.float32: 1e-5}.get(d, 4 * torch.finfo(d).eps)
+                       for d in (want.dtype, *dtypes))
+            assert is_close(got, want, (rtol, 0.0)), f"{what}: got {got.item()}, torch's {want.item()}"
+
+    for name, wholes in lists.items():
+        grads = [distribute_tensor(w, ctx.mesh, [Shard(0)]) for w in wholes]
+        for order in (2, 3, 1, 0.5, -1, 0, math.inf):
+            norms = ctx.same_everywhere_and_twice(lambda: tuple(torch_reduce.foreach_norm(grads, order)))
+            for norm, whole in zip(norms, wholes):
+                check(norm.to_local(), torch._foreach_norm([whole], order)[0], f"{name}: {whole.dtype} order {order}")
+            total = ctx.same_everywhere_and_twice(lambda: torch_reduce.get_total_norm(grads, order))
+            check(total.to_local(), torch.nn.utils.get_total_norm(wholes, order), f"{name}: order {order} total",
+                  [w.dtype for w in wholes])
+    x = distribute_tensor(ranks_in_range, ctx.mesh, [Shard(0)])
+    params = [torch.nn.Parameter(torch.zeros_like(x)) for _ in range(2)]
+    for p in params:
+        p.grad = x.clone()
+    with pytest.raises(RuntimeError, match="non-finite"):  # as torch's clip of the whole gradients
+        torch_reduce.clip_grad_norm_(params, 1.0, error_if_nonfinite=True)
+    for shape, scale in (((6, 4), 1e19), ((6, 4), 1e-25), ((1, 5), 3e19)):  # the last: one element a column
+        whole = scaled(shape, scale)
+        x = distribute_tensor(whole, ctx.mesh, [Shard(0)])
+        for order in (2, 3, 0.5, -1.5):
+            got = torch_reduce.vector_norm(x, order, 0).full_tensor()
+            for g, w in zip(got, torch.linalg.vector_norm(whole, order, 0)):
+                check(g, w, f"vector_norm of {shape} x {scale}, order {order}")
+
+
 @case("DTensor: the gathering rules under torch.compile")
 def check_dtensor_compiled(ctx):
     """The rules that gather over the mesh (var_mean and a p-norm over a sharded dim, the gradient norms) trace

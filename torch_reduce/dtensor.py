@@ -16,7 +16,9 @@ Placements in -> out, mesh dim by mesh dim:
 - ``vector_norm``: as above for dims not reduced; Shard of a reduced dim -> ord 1 and 0: Partial(sum) of the
   local norms; inf / -inf: Partial(max) / Partial(min) (an empty shard gives 0 / inf); any other ord p:
   Replicate: each rank's local norm, raised to p in float64, is gathered over the mesh dim, summed in rank
-  order and raised to 1/p (torch's Partial has no p-norm placement, and a sum of norms is not a norm).
+  order and raised to 1/p (torch's Partial has no p-norm placement, and a sum of norms is not a norm); where torch
+  folds in float32 (float32 and 16-bit inputs) the local norms fold so too, and a sum past float32's largest is inf,
+  as torch's whole fold gives.
 - ``layer_norm_fwd``, ``rms_norm_fwd``, ``add_layer_norm_fwd``, ``add_rms_norm_fwd``: input Replicate or Shard of a
   row dim (one not normalized), the residual redistributed to the input's placements, weight and bias Replicate
   -> every output (out, the sum, mean, rstd) with the input's placements.
@@ -26,9 +28,11 @@ Placements in -> out, mesh dim by mesh dim:
 - ``foreach_norm``, ``total_norm``, ``clip_grad_norm_`` (the gradients of FSDP2, HSDP and tensor parallelism): a
   list of DTensors on one mesh, each sharded (Shard, _StridedShard) or replicated along each mesh dim as it may be;
   Partial ones are reduced first (a norm of partial sums is not the norm). Each rank's per-tensor accumulators
-  (sum |x|^p, in float64; max or min for inf / -inf; the count of non-zeros for 0) travel in one all_gather per
-  mesh dim that shards any of them, and each tensor's are folded in rank order over the mesh dims that shard it:
-  the same bits on every rank. The norms and the total are Replicate (torch's per-tensor norms are a private
+  (sum |x|^p in float64, of norms folded as torch folds the tensor, in float32 but for float64 ones; max or min for
+  inf / -inf; the count of non-zeros for 0) travel in one all_gather per mesh dim that shards any of them, and each
+  tensor's are folded in rank order over the mesh dims that shard it: the same bits on every rank. A sum past
+  float32's largest is inf where torch's fold is float32; the total is total_norm's of the per-tensor norms, as
+  torch's is the norm of those. The norms and the total are Replicate (torch's per-tensor norms are a private
   Partial of norms; their values are the same). ``clip_grads_`` (and the clip of ``clip_grad_norm_``) scales each
   rank's local gradients by the coefficient of the Replicate total: Shard, Replicate and Partial alike.
 
@@ -133,9 +137,11 @@ def _vector_norm_rule(cls, func, types, args, kwargs):
     if local_empty:  # nothing to add, also where a negative p would make 0 ** p infinite
         powered = torch.zeros(_reduced_shape(local_x.shape, dims, True), dtype=torch.float64, device=local_x.device)
     else:
-        wide = torch.complex128 if local_x.is_complex() else torch.float64  # dtype= keeps the input's kind
-        powered = torch.ops.reduce.vector_norm(local_x, order, dims, True, dtype=wide) ** order
+        norm_dtype = _fold_dtype(local_x.dtype)
+        powered = torch.ops.reduce.vector_norm(local_x, order, dims, True, dtype=norm_dtype).double() ** order
     powered = _fold_over_shards(x, dims, powered, operator.add)
+    if _folds_in_float32(x.dtype) and math.prod(x.shape[d] for d in dims) != 1:
+        powered = _in_float32_range(powered)
     norm = (powered ** (1.0 / order)).to(expected.dtype)
     if not keepdim:
         norm = norm.squeeze(dims)
@@ -217,22 +223,49 @@ def _row_norm_bwd_rule(cls, func, types, args, kwargs):
 # ------------------------------------------------------------------------------------- the gradient norm ----
 
 
+# torch folds the norm of a float32, 16-bit or complex64 tensor in float32: each term |x|^p and the sum keep
+# float32's range (a term that underflows is 0, a sum that overflows is inf, and the norm inf, or 0 for p < 0). Each
+# rank's own norms are ours of such a fold (_fold_dtype), so their terms keep that range; raised to p they are summed
+# over the ranks in float64, which holds a sum that float32 cannot, so a sum past float32's largest becomes inf
+# (_in_float32_range): a clip with error_if_nonfinite=True raises where torch's does.
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _folds_in_float32(dtype: torch.dtype) -> bool:
+    return dtype not in (torch.float64, torch.complex128)
+
+
+def _fold_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype= for a rank's own norm of a tensor of ``dtype``: torch's fold's width, of the tensor's kind."""
+    if dtype.is_complex:
+        return torch.complex64 if _folds_in_float32(dtype) else torch.complex128
+    return torch.float32 if _folds_in_float32(dtype) else torch.float64
+
+
+def _in_float32_range(powered: torch.Tensor) -> torch.Tensor:
+    return torch.where(powered > _FLOAT32_MAX, math.inf, powered)
+
+
 def _local_accumulators(tensors: list, order: float) -> torch.Tensor:
     """Each DTensor's accumulator over the whole tensor, float64, the same on every rank: a 1-D tensor on the local
-    device. sum |x|^p for a finite non-zero order p (|x|^0 counted as non-zero for 0), max |x| for inf, min for -inf;
-    an empty shard gives the fold's identity."""
+    device. sum |x|^p for a finite non-zero order p, in torch's range (above); the count of non-zeros for 0, max |x|
+    for inf, min for -inf (exact in float64); an empty shard gives the fold's identity."""
     device = tensors[0].to_local().device
     locals_ = [t.to_local() for t in tensors]
     accumulators = torch.zeros(len(tensors), dtype=torch.float64, device=device)
     if order == -math.inf:
         accumulators.fill_(math.inf)
-    for complex_ in (False, True):  # dtype= float64 (exact counts and sums), complex128 for complex tensors
-        chosen = [i for i, t in enumerate(locals_) if t.is_complex() == complex_ and t.numel() > 0]
+    powers = order not in (0.0, math.inf, -math.inf)
+    # One call per dtype= (float32 or float64, complex64 or complex128: the terms' range where p is a power, exact
+    # counts and extremes where not).
+    norm_dtypes = [_fold_dtype(t.dtype) if powers else (torch.complex128 if t.is_complex() else torch.float64)
+                   for t in locals_]
+    for norm_dtype in dict.fromkeys(norm_dtypes):
+        chosen = [i for i, t in enumerate(locals_) if norm_dtypes[i] == norm_dtype and t.numel() > 0]
         if chosen:
-            norms = torch.ops.reduce.foreach_norm([locals_[i] for i in chosen], order,
-                                                  torch.complex128 if complex_ else torch.float64)
-            accumulators[chosen] = torch.stack(norms)
-    if order not in (0.0, math.inf, -math.inf):
+            norms = torch.ops.reduce.foreach_norm([locals_[i] for i in chosen], order, norm_dtype)
+            accumulators[chosen] = torch.stack(norms).double()
+    if powers:
         nonempty = torch.tensor([t.numel() > 0 for t in locals_], device=device)
         accumulators = torch.where(nonempty, accumulators ** order, 0.0)  # an empty shard adds nothing
     fold = _ACCUMULATOR_FOLDS.get(order, torch.add)
@@ -243,6 +276,10 @@ def _local_accumulators(tensors: list, order: float) -> torch.Tensor:
             continue
         folded = functools.reduce(fold, distributed._all_gather(accumulators, mesh.get_group(mesh_dim)))
         accumulators = torch.where(torch.tensor(split, device=device), folded, accumulators)
+    if powers:  # but a one-element tensor, whose norm torch takes as its magnitude (it folds nothing)
+        in_float32 = [_folds_in_float32(t.dtype) and t.numel() != 1 for t in tensors]
+        accumulators = torch.where(torch.tensor(in_float32, device=device), _in_float32_range(accumulators),
+                                   accumulators)
     return accumulators
 
 
@@ -282,16 +319,20 @@ def _foreach_norm_rule(cls, func, types, args, kwargs):
 def _total_of(func, tensors, order: float) -> DTensor:
     expected = torch.ops.reduce.total_norm([_meta(t) for t in tensors], order)  # torch's errors and dtype
     tensors = _norm_list(func, tensors)
-    accumulators = _local_accumulators(tensors, order)
-    if order == 0.0:  # as torch: the number of tensors holding a non-zero
-        total = (accumulators != 0).sum(dtype=torch.float64)
-    elif order in (math.inf, -math.inf):
-        total = accumulators.max() if order > 0 else accumulators.min()
-    else:
-        total = accumulators[0]
-        for accumulator in accumulators[1:]:  # in list order, as the kernels fold
-            total = total + accumulator
-        total = _norm_of(total, order)
+    norms = _norm_of(_local_accumulators(tensors, order), order)
+    # torch's total is the norm of the per-tensor norms, each in its tensor's dtype: one that leaves that dtype's
+    # range (a float16 norm past 65504) is inf or 0 there. The norm of the norms is then total_norm's over 0-dim
+    # tensors (each norm's magnitude is itself), in float32 or float64 as torch's: the same range and order.
+    real_dtypes = [_real_dtype(t.dtype) for t in tensors]
+    for dtype in dict.fromkeys(real_dtypes):
+        if dtype != torch.float64:
+            rounded = norms.to(dtype).double()
+            leaves = (rounded.isinf() & ~norms.isinf()) | ((rounded == 0) & (norms != 0))
+            mask = torch.tensor([d == dtype for d in real_dtypes], device=norms.device)
+            norms = torch.where(mask & leaves, rounded, norms)
+    wide, narrow = norms.unbind(), norms.float().unbind()
+    operands = [wide[i] if dtype == torch.float64 else narrow[i] for i, dtype in enumerate(real_dtypes)]
+    total = torch.ops.reduce.total_norm(operands, order, False)
     return _replicated(total.to(expected.dtype), tensors[0])
 
 
