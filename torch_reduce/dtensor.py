@@ -31,8 +31,8 @@ Placements in -> out, mesh dim by mesh dim:
   (sum |x|^p in float64, of norms folded as torch folds the tensor, in float32 but for float64 ones; max or min for
   inf / -inf; the count of non-zeros for 0) travel in one all_gather per mesh dim that shards any of them, and each
   tensor's are folded in rank order over the mesh dims that shard it: the same bits on every rank. A sum past
-  float32's largest is inf where torch's fold is float32; the total is total_norm's of the per-tensor norms, as
-  torch's is the norm of those. The norms and the total are Replicate (torch's per-tensor norms are a private
+  float32's largest is inf where torch's fold is float32; the total is linalg.vector_norm of the per-tensor norms,
+  as torch's is. The norms and the total are Replicate (torch's per-tensor norms are a private
   Partial of norms; their values are the same). ``clip_grads_`` (and the clip of ``clip_grad_norm_``) scales each
   rank's local gradients by the coefficient of the Replicate total: Shard, Replicate and Partial alike.
 
@@ -320,9 +320,9 @@ def _total_of(func, tensors, order: float) -> DTensor:
     expected = torch.ops.reduce.total_norm([_meta(t) for t in tensors], order)  # torch's errors and dtype
     tensors = _norm_list(func, tensors)
     norms = _norm_of(_local_accumulators(tensors, order), order)
-    # torch's total is the norm of the per-tensor norms, each in its tensor's dtype: one that leaves that dtype's
-    # range (a float16 norm past 65504) is inf or 0 there. The norm of the norms is then total_norm's over 0-dim
-    # tensors (each norm's magnitude is itself), in float32 or float64 as torch's: the same range and order.
+    # torch's total is linalg.vector_norm of the per-tensor norms stacked, each in its tensor's dtype: one that leaves
+    # that dtype's range (a float16 norm past 65504) is inf or 0 there, and the fold is float64's where a tensor is
+    # float64, else float32's with its range. Here each norm keeps float32's precision, not a 16-bit dtype's.
     real_dtypes = [_real_dtype(t.dtype) for t in tensors]
     for dtype in dict.fromkeys(real_dtypes):
         if dtype != torch.float64:
@@ -330,9 +330,11 @@ def _total_of(func, tensors, order: float) -> DTensor:
             leaves = (rounded.isinf() & ~norms.isinf()) | ((rounded == 0) & (norms != 0))
             mask = torch.tensor([d == dtype for d in real_dtypes], device=norms.device)
             norms = torch.where(mask & leaves, rounded, norms)
-    wide, narrow = norms.unbind(), norms.float().unbind()
-    operands = [wide[i] if dtype == torch.float64 else narrow[i] for i, dtype in enumerate(real_dtypes)]
-    total = torch.ops.reduce.total_norm(operands, order, False)
+    if torch.float64 in real_dtypes:
+        wide = torch.tensor([d == torch.float64 for d in real_dtypes], device=norms.device)
+        total = torch.linalg.vector_norm(torch.where(wide, norms, norms.float().double()), order)
+    else:
+        total = torch.linalg.vector_norm(norms.float(), order)
     return _replicated(total.to(expected.dtype), tensors[0])
 
 
