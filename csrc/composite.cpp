@@ -181,20 +181,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd(const at::Tensor
   return {out, sum, rstd};
 }
 
+namespace {
+
+// A tensor's norm as torch's _foreach_norm gives it: linalg.vector_norm's, but where it folds the one element's
+// square (norm_folds_square): the root of that square, with torch's norm backward's gradient, x / norm, 0 where the
+// square is 0 (sqrt's own would be NaN there, so the branch not taken sees 1 instead) and where it is inf.
+at::Tensor foreach_tensor_norm(const at::Tensor& t, double ord, std::optional<at::ScalarType> dtype, bool fast_route) {
+  if (!norm_folds_square(t, ord, fast_route))
+    return at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), /*keepdim=*/false, dtype);
+  const at::ScalarType type = dtype.value_or(t.scalar_type());
+  const bool wide = t.scalar_type() == at::kDouble || type == at::kDouble;
+  const at::Tensor x = t.reshape({}).to(wide ? at::kDouble : at::kFloat);
+  const at::Tensor zero = (x * x).detach() == 0;
+  const at::Tensor nonzero = at::where(zero, at::ones_like(x), x);
+  return at::where(zero, x * 0, at::sqrt(nonzero * nonzero)).to(type);
+}
+
+}  // namespace
+
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
   check_norm_list(tensors, ord, dtype);
+  const bool fast_route = ord == 2 && torch_fast_route(tensors);
   std::vector<at::Tensor> norms;
-  for (const at::Tensor& t : tensors)
-    norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), /*keepdim=*/false, dtype));
+  for (const at::Tensor& t : tensors) norms.push_back(foreach_tensor_norm(t, ord, dtype, fast_route));
   return norms;
 }
 
-at::Tensor total_norm(at::TensorList tensors, double ord) {
+at::Tensor total_norm(at::TensorList tensors, double ord, bool foreach) {
   check_norm_list(tensors, ord, std::nullopt);
+  const std::vector<char> fast = total_fast_routes(tensors, foreach);
   std::vector<at::Tensor> norms;
-  for (const at::Tensor& t : tensors)
-    norms.push_back(at::linalg_vector_norm(t, ord, at::OptionalIntArrayRef(), /*keepdim=*/false, std::nullopt)
-                        .to(tensors[0].device()));
+  for (size_t k = 0; k < tensors.size(); ++k)
+    norms.push_back(foreach_tensor_norm(tensors[k], ord, std::nullopt, fast[k]).to(tensors[0].device()));
   return at::linalg_vector_norm(at::stack(norms), ord);
 }
 

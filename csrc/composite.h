@@ -53,10 +53,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd(const at::Tensor
                                                                 const std::optional<at::Tensor>& weight,
                                                                 std::optional<double> eps);
 
-// The global gradient norm in torch's own ops (torch._foreach_norm's slow path, get_total_norm's stack and norm as
-// on its per-tensor route, clip_grads_with_norm_'s multiply).
+// The global gradient norm in torch's own ops: torch._foreach_norm's norms (its CUDA fast route's fold of a
+// one-element tensor's square included: norm_folds_square), get_total_norm's stack and norm of them on either of
+// its routes (`foreach`), clip_grads_with_norm_'s multiply.
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
-at::Tensor total_norm(at::TensorList tensors, double ord);
+at::Tensor total_norm(at::TensorList tensors, double ord, bool foreach);
 void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm);
 
 }  // namespace torch_reduce::composite

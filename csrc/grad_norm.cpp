@@ -61,8 +61,47 @@ void check_not_inference(const at::Tensor& g) {
               "details.");
 }
 
+bool norm_folds_square(const at::Tensor& t, double ord, bool fast_route) {
+  return ord == 2 && fast_route && t.is_cuda() && t.sym_numel() == 1;
+}
+
 bool norm_is_magnitude(const at::Tensor& t, double ord, bool fast_route) {
-  return t.numel() == 1 && ord != 0 && !(t.is_cuda() && fast_route && ord == 2);
+  return t.numel() == 1 && ord != 0 && !norm_folds_square(t, ord, fast_route);  // real tensors: the kernels'
+}
+
+bool torch_fast_route(at::TensorList tensors) {
+  return std::all_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
+    return t.scalar_type() == tensors[0].scalar_type() && t.device() == tensors[0].device() && !t.is_complex() &&
+           t.is_non_overlapping_and_dense();
+  });
+}
+
+std::vector<char> total_fast_routes(at::TensorList tensors, bool foreach) {
+  struct Group {
+    at::Device device;
+    at::ScalarType type;
+    bool fast;  // every tensor of the group real and dense
+  };
+  std::vector<Group> groups;
+  const auto group_of = [&](const at::Tensor& t) {
+    return std::find_if(groups.begin(), groups.end(),
+                        [&](const Group& g) { return g.device == t.device() && g.type == t.scalar_type(); });
+  };
+  for (const at::Tensor& t : tensors) {
+    auto it = group_of(t);
+    if (it == groups.end()) it = groups.insert(groups.end(), {t.device(), t.scalar_type(), foreach});
+    it->fast = it->fast && !t.is_complex() && t.is_non_overlapping_and_dense();
+  }
+  std::vector<char> fast;
+  for (const at::Tensor& t : tensors) fast.push_back(group_of(t)->fast);
+  return fast;
+}
+
+std::vector<char> total_magnitudes(at::TensorList tensors, double ord, bool foreach) {
+  const std::vector<char> fast = total_fast_routes(tensors, foreach);
+  std::vector<char> magnitude;
+  for (size_t k = 0; k < tensors.size(); ++k) magnitude.push_back(norm_is_magnitude(tensors[k], ord, fast[k]));
+  return magnitude;
 }
 
 at::ScalarType total_norm_dtype(at::TensorList tensors) {

@@ -32,11 +32,22 @@ void check_scalable(const at::Tensor& g);
 // The second of those alone, for a gradient known to be dense (no element shares memory).
 void check_not_inference(const at::Tensor& g);
 
+// Whether torch's CUDA _foreach_norm folds the square of `t`, a one-element tensor, at order 2: in its fast route
+// (`fast_route`: a list of one dtype and device, real and dense), in float32 (float64 for a float64 tensor or
+// dtype=float64): inf past 1.8e19 and 0 below 4e-23 in float32, where linalg.vector_norm gives the magnitude.
+bool norm_folds_square(const at::Tensor& t, double ord, bool fast_route);
 // Whether torch's norm of `t` is its one element's magnitude, not the root of a fold of |x|^p (inf or 0 where that
 // leaves float32's range: a 0-dim float32 gradient of 3e19 at order 3): at every order but 0, except where torch's
-// CUDA _foreach_norm folds it in its fast route (`fast_route`: order 2, a list of one dtype, real and dense; orders
-// 1 and inf give the magnitude either way). torch's per-tensor route (linalg.vector_norm) gives the magnitude.
+// CUDA _foreach_norm folds its square (norm_folds_square; orders 1 and inf give the magnitude either way). torch's
+// per-tensor route (linalg.vector_norm) gives the magnitude.
 bool norm_is_magnitude(const at::Tensor& t, double ord, bool fast_route = false);
+// Whether torch's CUDA _foreach_norm takes `tensors`, one call's list, in its fast route.
+bool torch_fast_route(at::TensorList tensors);
+// Each tensor's fast route as torch's get_total_norm meets it: on its foreach route one _foreach_norm call per
+// device and dtype, else linalg.vector_norm per tensor (no fast route).
+std::vector<char> total_fast_routes(at::TensorList tensors, bool foreach);
+// Each tensor's norm_is_magnitude there.
+std::vector<char> total_magnitudes(at::TensorList tensors, double ord, bool foreach);
 
 // total_norm's dtype: the real types of the tensors' dtypes promoted, as torch.stack promotes the per-tensor norms.
 at::ScalarType total_norm_dtype(at::TensorList tensors);

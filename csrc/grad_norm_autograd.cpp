@@ -36,7 +36,7 @@ std::vector<at::Tensor> foreach_norm_autograd(at::TensorList tensors, double ord
 }
 
 at::Tensor total_norm_autograd(at::TensorList tensors, double ord, bool foreach) {
-  if (any_records_grad(tensors) || any_needs_composite(tensors)) return composite::total_norm(tensors, ord);
+  if (any_records_grad(tensors) || any_needs_composite(tensors)) return composite::total_norm(tensors, ord, foreach);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("reduce::total_norm", "")
                              .typed<at::Tensor(at::TensorList, double, bool)>();
@@ -56,7 +56,7 @@ void clip_grads_autograd(at::TensorList grads, const at::Tensor& total_norm, dou
 
 at::Tensor clip_grad_norm_autograd(at::TensorList grads, double max_norm, double norm_type, bool foreach) {
   if (any_records_grad(grads) || any_needs_composite(grads)) {
-    at::Tensor total = composite::total_norm(grads, norm_type);
+    at::Tensor total = composite::total_norm(grads, norm_type, foreach);
     composite::clip_grads_(grads, total, max_norm);
     return total;
   }

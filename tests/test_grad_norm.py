@@ -635,19 +635,36 @@ def test_one_element_tensors_beyond_the_range_like_torch(ord, dtype, foreach, de
     """A one-element tensor (a 0-dim gradient, such as a learned temperature's) whose |x|^p leaves float32's range:
     torch's norm of it: |x| on the CPU (no fold there) and on the GPU but at order 2 on the foreach route (the float32
     fold of torch's _foreach_norm kernel: inf or 0; foreach=False takes linalg.vector_norm, |x|); alone in a list,
-    beside others of its dtype or of another (torch groups a list by dtype)."""
+    beside others of its dtype or of another (torch groups a list by dtype). The same where autograd records the
+    call or torch.func.grad transforms it (the composite path): torch's values, and its gradients (its norm
+    backward's: 0 where the fold left the range)."""
     big, tiny = min(torch.finfo(dtype).max / 2, 3e19), max(torch.finfo(dtype).tiny, 1e-25)
     tol = dict(rtol=TORCH_TOL[dtype]["rtol"], atol=0)  # relative alone: the tiny element's norm is 1e-25, not 0
     other = torch.float16 if dtype == torch.float64 else torch.float64
-    for value in (big, -big, tiny):
+    for value in (big, -big, tiny, 0.0):
         x = torch.tensor(value, dtype=dtype, device=device)
         for lists in ([x], [x.view(1)], [x, torch.ones(3, dtype=dtype, device=device)],
                       [x, torch.ones(3, dtype=other, device=device)]):
             for got, want in zip(torch_reduce.foreach_norm(lists, ord), torch._foreach_norm(lists, ord)):
                 torch.testing.assert_close(got, want, **tol)
             rtol = max(TORCH_TOL[t.dtype]["rtol"] for t in lists)  # torch rounds each tensor's norm to its dtype
-            torch.testing.assert_close(torch_reduce.get_total_norm(lists, ord, foreach=foreach),
-                                       torch.nn.utils.get_total_norm(lists, ord, foreach=foreach), rtol=rtol, atol=0)
+            want_total = torch.nn.utils.get_total_norm(lists, ord, foreach=foreach)
+            torch.testing.assert_close(torch_reduce.get_total_norm(lists, ord, foreach=foreach), want_total,
+                                       rtol=rtol, atol=0)
+            ours, theirs = ([t.detach().clone().requires_grad_() for t in lists] for _ in range(2))
+            got, want = torch_reduce.foreach_norm(ours, ord), torch._foreach_norm(theirs, ord)
+            assert got[0].grad_fn is not None
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, **tol)
+            for g, w in zip(torch.autograd.grad(sum(got), ours), torch.autograd.grad(sum(want), theirs)):
+                torch.testing.assert_close(g, w, equal_nan=True, **tol)
+            total = torch.ops.reduce.total_norm(ours, float(ord), foreach is not False)
+            assert total.grad_fn is not None
+            torch.testing.assert_close(total, want_total, rtol=rtol, atol=0)
+        leaf = x.clone().requires_grad_()
+        (want,) = torch.autograd.grad(torch._foreach_norm([leaf], ord)[0], leaf)
+        torch.testing.assert_close(torch.func.grad(lambda t: torch_reduce.foreach_norm([t], ord)[0])(x), want,
+                                   equal_nan=True, **tol)
         ours, theirs = (torch.nn.Parameter(torch.zeros((), dtype=dtype, device=device)) for _ in range(2))
         ours.grad, theirs.grad = x.clone(), x.clone()
         torch.testing.assert_close(torch_reduce.clip_grad_norm_([ours], 1.0, ord, foreach=foreach),
@@ -852,13 +869,17 @@ def test_meta_tensors_in_a_real_list(device):
     torch.testing.assert_close(real.grad, torch.full((3,), 0.5, device=device), rtol=1e-6, atol=0)
 
 
-def test_compiled_gradients():
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [1.5, 2.0], ids=str)
+def test_compiled_gradients(ord, device):
+    """Compiled, recorded by autograd: torch's norms and gradients, a 0-dim tensor's included (at order 2 on CUDA,
+    torch's fold of its square)."""
     torch._dynamo.reset()
-    xs = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in [(5,), (3, 4)]]
+    xs = [torch.randn(s, dtype=torch.float64, device=device, requires_grad=True) for s in [(5,), (3, 4), ()]]
     ys = [x.detach().clone().requires_grad_() for x in xs]
-    loss = torch.compile(lambda t: sum(n * n for n in torch_reduce.foreach_norm(t, 1.5)), fullgraph=True)(xs)
+    loss = torch.compile(lambda t: sum(n * n for n in torch_reduce.foreach_norm(t, ord)), fullgraph=True)(xs)
     loss.backward()
-    sum(torch.linalg.vector_norm(y, 1.5) ** 2 for y in ys).backward()
+    sum(n * n for n in torch._foreach_norm(ys, ord)).backward()
     for x, y in zip(xs, ys):
         torch.testing.assert_close(x.grad, y.grad)
 

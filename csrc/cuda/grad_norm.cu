@@ -464,34 +464,6 @@ void for_each_device(at::TensorList tensors, const char* op, F&& f) {
   }
 }
 
-// Whether torch's CUDA _foreach_norm takes `tensors`, one call's list, in its fast route (norm_is_magnitude): one
-// dtype and device, real, each tensor non-overlapping and dense.
-bool torch_fast_route(at::TensorList tensors) {
-  return std::all_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
-    return t.scalar_type() == tensors[0].scalar_type() && t.device() == tensors[0].device() && !t.is_complex() &&
-           t.is_non_overlapping_and_dense();
-  });
-}
-
-// Each tensor's norm_is_magnitude as torch's get_total_norm meets it: on its foreach route one _foreach_norm call
-// per dtype of a device's tensors (`tensors`), else linalg.vector_norm per tensor.
-std::vector<char> total_magnitudes(at::TensorList tensors, double ord, bool foreach) {
-  std::vector<std::pair<at::ScalarType, bool>> fast_groups;  // per dtype: all real and dense
-  for (const at::Tensor& t : tensors) {
-    auto it = std::find_if(fast_groups.begin(), fast_groups.end(),
-                           [&](const auto& g) { return g.first == t.scalar_type(); });
-    if (it == fast_groups.end()) it = fast_groups.insert(fast_groups.end(), {t.scalar_type(), foreach});
-    it->second = it->second && !t.is_complex() && t.is_non_overlapping_and_dense();
-  }
-  std::vector<char> magnitude;
-  for (const at::Tensor& t : tensors) {
-    const auto it = std::find_if(fast_groups.begin(), fast_groups.end(),
-                                 [&](const auto& g) { return g.first == t.scalar_type(); });
-    magnitude.push_back(norm_is_magnitude(t, ord, it->second));
-  }
-  return magnitude;
-}
-
 std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
   const char* op = "reduce::foreach_norm";
   check_norm_list(tensors, ord, dtype);
