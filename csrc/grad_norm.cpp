@@ -98,9 +98,12 @@ std::vector<char> total_fast_routes(at::TensorList tensors, bool foreach) {
 }
 
 std::vector<char> total_magnitudes(at::TensorList tensors, double ord, bool foreach) {
-  const std::vector<char> fast = total_fast_routes(tensors, foreach);
-  std::vector<char> magnitude;
-  for (size_t k = 0; k < tensors.size(); ++k) magnitude.push_back(norm_is_magnitude(tensors[k], ord, fast[k]));
+  std::vector<char> magnitude(tensors.size(), 0), fast;  // the routes only where a one-element tensor needs them
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    if (tensors[k].numel() != 1) continue;
+    if (fast.empty()) fast = total_fast_routes(tensors, foreach);
+    magnitude[k] = norm_is_magnitude(tensors[k], ord, fast[k]);
+  }
   return magnitude;
 }
 
