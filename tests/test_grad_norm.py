@@ -592,6 +592,33 @@ def test_mixed_lists_beyond_the_narrow_dtypes_range_like_torch(ord, narrow, wide
                 torch.testing.assert_close(p.grad, q.grad, equal_nan=True, **TORCH_TOL[narrow])
 
 
+@pytest.mark.xfail(strict=True, reason="known: the total folds 16-bit norms unrounded (README, Gradient clipping)")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ord", [2, 4], ids=str)
+def test_total_of_16bit_norms_rounded_like_torch(ord, device):
+    """torch's total folds each tensor's norm rounded to its dtype: a bfloat16 norm just below float32's largest
+    term's root rounds up past it (1.8445e19 to 2^64, whose square is inf), and torch's total is inf. Lists of a
+    bfloat16 tensor of k equal elements (a sweep of bfloat16 values) beside a float32 one, chosen where the exact norm's
+    power is within float32's range and the rounded one's is not, and their neighbours. Ours folds the unrounded
+    norms (closer to the exact total) and is finite there: the GPU fuzzer found it (seed 1796653952); a fix keeps
+    the unrounded total and takes the range of torch's rounded one (a second sum in the fold), not yet made."""
+    largest = torch.finfo(torch.float32).max
+    cases = []
+    for k in (2, 3, 5, 6, 7):
+        center = torch.tensor((largest / k) ** (1 / ord), dtype=torch.bfloat16).view(torch.int16)
+        for v in (center + torch.arange(-6, 7, dtype=torch.int16)).view(torch.bfloat16).tolist():
+            exact = (k * v ** ord) ** (1 / ord)
+            rounded = torch.tensor(exact, dtype=torch.bfloat16).float()
+            cases.append((k, v, exact ** ord < largest * (1 - 1e-5) and rounded.item() ** ord > largest))
+    assert any(crossing for _, _, crossing in cases) and not all(crossing for _, _, crossing in cases)
+    for k, v, crossing in cases:
+        tensors = [torch.full((k,), v, dtype=torch.bfloat16, device=device), torch.randn(3, device=device)]
+        want = torch.nn.utils.get_total_norm(tensors, ord)
+        assert torch.isinf(want) or not crossing
+        for got in (torch_reduce.get_total_norm(tensors, ord), torch.ops.reduce.total_norm(tensors, float(ord), True)):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ord", [2, 1, 3, 0.5, -1, INF, math.nan], ids=str)
 def test_complex_dtype_and_nan_order_edges_like_torch(ord, device):
