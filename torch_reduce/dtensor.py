@@ -31,7 +31,7 @@ Placements in -> out, mesh dim by mesh dim:
   (sum |x|^p in float64, of norms folded as torch folds the tensor, in float32 but for float64 ones; max or min for
   inf / -inf; the count of non-zeros for 0) travel in one all_gather per mesh dim that shards any of them, and each
   tensor's are folded in rank order over the mesh dims that shard it: the same bits on every rank. A sum past
-  float32's largest is inf where torch's fold is float32; the total is linalg.vector_norm of the per-tensor norms,
+  float32's largest is inf where torch's fold is float32; the total is vector_norm of the per-tensor norms,
   as torch's is. The norms and the total are Replicate (torch's per-tensor norms are a private
   Partial of norms; their values are the same). ``clip_grads_`` (and the clip of ``clip_grad_norm_``) scales each
   rank's local gradients by the coefficient of the Replicate total: Shard, Replicate and Partial alike.
@@ -330,11 +330,14 @@ def _total_of(func, tensors, order: float) -> DTensor:
             leaves = (rounded.isinf() & ~norms.isinf()) | ((rounded == 0) & (norms != 0))
             mask = torch.tensor([d == dtype for d in real_dtypes], device=norms.device)
             norms = torch.where(mask & leaves, rounded, norms)
+    # Our vector_norm (torch's value and range), not torch.linalg's: Inductor compiles linalg.vector_norm's power into
+    # other bits than its eager kernel (order 3, float32: 42 of 200 random vectors differ on the CPU), and a total
+    # must be the same compiled or not.
     if torch.float64 in real_dtypes:
         wide = torch.tensor([d == torch.float64 for d in real_dtypes], device=norms.device)
-        total = torch.linalg.vector_norm(torch.where(wide, norms, norms.float().double()), order)
+        total = torch.ops.reduce.vector_norm(torch.where(wide, norms, norms.float().double()), order)
     else:
-        total = torch.linalg.vector_norm(norms.float(), order)
+        total = torch.ops.reduce.vector_norm(norms.float(), order)
     return _replicated(total.to(expected.dtype), tensors[0])
 
 
