@@ -209,7 +209,7 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
 
 at::Tensor total_norm(at::TensorList tensors, double ord, bool foreach) {
   check_norm_list(tensors, ord, std::nullopt);
-  const std::vector<char> fast = total_fast_routes(tensors, foreach);
+  const std::vector<char> fast = ord == 2 ? total_fast_routes(tensors, foreach) : std::vector<char>(tensors.size());
   std::vector<at::Tensor> norms;
   for (size_t k = 0; k < tensors.size(); ++k)
     norms.push_back(foreach_tensor_norm(tensors[k], ord, std::nullopt, fast[k]).to(tensors[0].device()));
