@@ -133,6 +133,39 @@ TR_HOST_DEVICE T in_torch_range(const Ops& ops, T accumulator, bool float32_fold
   }
 }
 
+// torch's total is the norm of its per-tensor norms stacked, each rounded to its dtype, folded in float32 unless the
+// total is float64; ours folds the unrounded norms (closer to the exact total). Where that rounding carries the
+// sum of the terms across float32's largest (a bfloat16 norm of 1.8445e19 rounds up to 2^64, whose square is inf),
+// the two disagree on overflow, so the fold keeps a second sum, of the rounded norms' terms in float32, for its
+// range alone (in_rounded_range). Orders that sum powers only: a maximum, a minimum or a count leaves no range.
+template <typename Ops>
+TR_HOST_DEVICE bool sums_powers(const Ops& ops) {
+  using T = decltype(Ops::identity());
+  if constexpr (std::is_base_of_v<NormZeroOp<T>, Ops> || !std::is_base_of_v<SumOp<T>, Ops>) {
+    return false;
+  } else if constexpr (std::is_same_v<Ops, NormPOp<T>>) {
+    return ops.p == ops.p;  // order NaN: the total is NaN or 1 whatever the rounding
+  } else {
+    return true;
+  }
+}
+
+// A tensor's term in torch's fold of the rounded norms: its norm (from its accumulator in torch's range) rounded to
+// norm_t, raised to the order, in float32.
+template <typename norm_t, typename Ops, typename T>
+TR_HOST_DEVICE float rounded_norm_term(const Ops& ops, T tensor_accumulator) {
+  const norm_t norm = static_cast<norm_t>(project_result(ops, tensor_accumulator));
+  return static_cast<float>(ops.transform(static_cast<T>(static_cast<float>(norm))));
+}
+
+// A total's accumulator where it and `rounded_sum` (torch's float32 sum of the rounded terms) disagree on
+// overflow: the rounded sum, torch's; elsewhere the accumulator itself.
+template <typename Ops, typename T>
+TR_HOST_DEVICE T in_rounded_range(const Ops& ops, T accumulator, float rounded_sum) {
+  const bool disagree = std::isinf(rounded_sum) != std::isinf(static_cast<float>(accumulator));
+  return sums_powers(ops) && disagree ? static_cast<T>(rounded_sum) : accumulator;
+}
+
 namespace cpu {
 // The CPU kernels, for every tensor on the CPU; the CUDA kernels call them for a list's CPU tensors.
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);

@@ -82,6 +82,16 @@ double in_torch_range_of(at::ScalarType norm_type, const Ops& ops, double accumu
   return in_range;
 }
 
+// The term of a tensor's norm of dtype `norm_type` in torch's fold of the rounded norms (rounded_norm_term).
+template <typename Ops>
+float rounded_term_of(at::ScalarType norm_type, const Ops& ops, double accumulator) {
+  float term = 0;
+  TORCH_REDUCE_DISPATCH_FLOATING(norm_type, "reduce::total_norm", [&] {
+    term = rounded_norm_term<scalar_t>(ops, accumulator);
+  });
+  return term;
+}
+
 // The magnitude of t's one element (norm_is_magnitude), else the folded norm.
 double one_element_or(const at::Tensor& t, double ord, std::optional<at::ScalarType> dtype, double folded) {
   return norm_is_magnitude(t, ord) ? magnitudes(t, dtype).to(at::kDouble).item<double>() : folded;
@@ -131,11 +141,15 @@ at::Tensor total_norm(at::TensorList tensors, double ord, bool /*foreach*/) {
     const std::vector<char> float32_fold = float32_folds(tensors, dense, ord, std::nullopt, total_type == at::kDouble);
     const std::vector<double> accumulators = tensor_accumulators(dense, ops, float32_fold);
     double acc = decltype(ops)::identity();
+    float rounded_sum = 0;
     for (size_t i = 0; i < dense.size(); ++i) {
       const double in_range = in_torch_range_of(real.norm_types[i], ops, accumulators[i], float32_fold[i]);
       acc = ops(acc, tensor_contribution(ops, in_range, dense.size() == 1));
+      rounded_sum += rounded_term_of(real.norm_types[i], ops, in_range);
     }
-    // The norm of the tensors' norms in total_type, as torch's: in float32 but for a float64 total.
+    // The norm of the tensors' norms in total_type, as torch's: in float32, in the range of its rounded norms'
+    // fold (the norm of one norm is its magnitude), but for a float64 total.
+    if (total_type != at::kDouble && dense.size() > 1) acc = in_rounded_range(ops, acc, rounded_sum);
     total = project_result(ops, total_type == at::kDouble ? acc : in_torch_range<float>(ops, acc, true));
   });
   if (tensors.size() == 1) total = one_element_or(tensors[0], ord, std::nullopt, total);

@@ -7,7 +7,8 @@
 //   norm_fold_kernel      one block: each tensor's partials folded in order by a thread, a warp or the whole
 //                         block, by their count, into its norm (foreach_norm); then the block folds the tensors'
 //                         accumulators, each in torch's range for its dtype (in_torch_range), in a fixed tree
-//                         into the total (total_norm).
+//                         into the total (total_norm), and the float32 sum of the norms' rounded terms that gives
+//                         the total torch's range (in_rounded_range).
 // No float atomics, and nothing depends on which warp ran a chunk: the same list gives the same bits on every run.
 //   clip_scale_kernel     every gradient times torch's clip coefficient, which each thread computes from the total
 //                         on the device, in the total's dtype with torch's roundings: no host sync (a coefficient
@@ -97,6 +98,7 @@ struct FoldTable {
   int32_t count, warp_folded, folded_count;
   bool stores_norms;                   // foreach_norm
   bool only_tensor;                    // a list of one tensor (tensor_contribution)
+  bool rounded_range;                  // a total not float64 of several tensors: in_rounded_range
 };
 
 // The tensor a chunk belongs to: the last with first_chunk <= chunk (empty tensors own no chunk).
@@ -207,13 +209,15 @@ __global__ void __launch_bounds__(Tuning::kListBlock, Tuning::kListBlocksPerMult
 // tensor's chunk count: one chunk, none (the partials kernel stored its partial as its accumulator); up to
 // kFoldWarpChunks, a warp (lane-strided, then the shuffle tree); more, the whole block (GPT-2's embedding). Then
 // the block stores the norms (foreach_norm) and folds the accumulators in a fixed tree into the total
-// (total_norm). Which threads fold a tensor depends on the table alone: the same bits on every run. The table
-// lists the tensors to fold, so no lane reads another tensor's entry than its warp's: kernel parameters are read
-// through the constant cache, which serves a warp's different addresses one after another.
+// (total_norm), in the range of the rounded norms' sum; it stores both sums in `table_sums` (accumulator, rounded
+// sum), which a list of several tables combines. Which threads fold a tensor depends on the table alone: the same
+// bits on every run. The table lists the tensors to fold, so no lane reads another tensor's entry than its warp's:
+// kernel parameters are read through the constant cache, which serves a warp's different addresses one after
+// another.
 template <typename Tuning, typename Ops, typename acc_t>
 __global__ void __launch_bounds__(Tuning::kFoldBlock)
     norm_fold_kernel(const __grid_constant__ FoldTable<Tuning::kListTensors> table, const Ops ops,
-                     const acc_t* partials, acc_t* accumulators, acc_t* table_accumulator, void* total,
+                     const acc_t* partials, acc_t* accumulators, acc_t* table_sums, void* total,
                      Element total_element) {
   constexpr unsigned kWarps = Tuning::kFoldBlock / kWarpSize;
   const unsigned lane = lane_id();
@@ -238,17 +242,26 @@ __global__ void __launch_bounds__(Tuning::kFoldBlock)
   }
   __syncthreads();  // every accumulator stored
   acc_t acc = Ops::identity();
+  float rounded_sum = 0;
   for (int i = threadIdx.x; i < table.count; i += Tuning::kFoldBlock) {
     acc_t tensor_accumulator;
     with_element(table.element[i], [&](auto zero) {
-      tensor_accumulator = in_torch_range<decltype(zero)>(ops, accumulators[i], table.float32_fold[i]);
+      using norm_t = decltype(zero);
+      tensor_accumulator = in_torch_range<norm_t>(ops, accumulators[i], table.float32_fold[i]);
+      if (table.rounded_range) rounded_sum += rounded_norm_term<norm_t>(ops, tensor_accumulator);
     });
     if (table.stores_norms) store(table.norm[i], table.element[i], project_result(ops, tensor_accumulator));
     acc = ops(acc, tensor_contribution(ops, tensor_accumulator, table.only_tensor));
   }
   acc = block_reduce<Tuning::kFoldBlock>(acc, ops);
+  if (table.rounded_range) {
+    __syncthreads();  // block_reduce's shared memory
+    rounded_sum = block_reduce<Tuning::kFoldBlock>(rounded_sum, SumOp<float>());
+  }
   if (threadIdx.x == 0) {
-    *table_accumulator = acc;
+    table_sums[0] = acc;
+    table_sums[1] = static_cast<acc_t>(rounded_sum);
+    if (table.rounded_range) acc = in_rounded_range(ops, acc, rounded_sum);
     if (total != nullptr) store(total, total_element, project_result(ops, acc));
   }
 }
@@ -355,9 +368,13 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
                   const std::vector<at::Tensor>& norms, const at::Tensor& total) {
   const int64_t tables = static_cast<int64_t>(lists.tables.size());
   const auto options = at::TensorOptions().device(device).dtype(wide ? at::kDouble : at::kFloat);
-  // One allocation: the chunks' partials, each table's accumulator, then each table's tensors' accumulators.
+  // One allocation: the chunks' partials, each table's accumulator and rounded sum (norm_fold_kernel), then each
+  // table's tensors' accumulators.
   const int64_t all_chunks = lists.first_partial.back();
-  const at::Tensor scratch = at::empty({all_chunks + tables * (1 + Tuning::kListTensors)}, options);
+  const at::Tensor scratch = at::empty({all_chunks + tables * (2 + Tuning::kListTensors)}, options);
+  // torch folds the rounded norms in float32 but for a float64 total, and takes one norm's magnitude.
+  const bool rounded_range = total.defined() && total.scalar_type() != at::kDouble &&
+                             (tables > 1 || lists.tables[0].count > 1);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const auto run = [&](auto zero) {
     using acc_t = decltype(zero);
@@ -370,8 +387,8 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
                                  !magnitude[g * Tuning::kListTensors + k];
         }
         acc_t* table_partials = scratch.mutable_data_ptr<acc_t>() + lists.first_partial[g];
-        acc_t* table_accumulator = scratch.mutable_data_ptr<acc_t>() + all_chunks + g;
-        acc_t* accumulators = scratch.mutable_data_ptr<acc_t>() + all_chunks + tables + g * Tuning::kListTensors;
+        acc_t* table_sums = scratch.mutable_data_ptr<acc_t>() + all_chunks + 2 * g;
+        acc_t* accumulators = scratch.mutable_data_ptr<acc_t>() + all_chunks + 2 * tables + g * Tuning::kListTensors;
         const int64_t chunks = table.first_chunk[table.count];
         if (chunks > 0) {
           const auto kernel = norm_partials_kernel<Tuning, Ops, acc_t>;
@@ -383,6 +400,7 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
         fold.count = table.count;
         fold.stores_norms = !norms.empty();
         fold.only_tensor = tables == 1 && table.count == 1;
+        fold.rounded_range = rounded_range;
         std::vector<int32_t> block_folded;  // tensors of more than kFoldWarpChunks chunks
         int32_t listed = 0;
         for (int32_t k = 0; k <= table.count; ++k) fold.first_chunk[k] = table.first_chunk[k];
@@ -403,7 +421,7 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
         fold.folded_count = listed;
         const bool stores_total = total.defined() && tables == 1;
         norm_fold_kernel<Tuning, Ops, acc_t><<<1, Tuning::kFoldBlock, 0, stream>>>(
-            fold, ops, table_partials, accumulators, table_accumulator, stores_total ? total.data_ptr() : nullptr,
+            fold, ops, table_partials, accumulators, table_sums, stores_total ? total.data_ptr() : nullptr,
             element_of(total.defined() ? total.scalar_type() : at::kFloat));
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
@@ -415,8 +433,10 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
     run(float());
   }
   if (total.defined() && tables > 1) {
-    // The tables' accumulators folded as each table's tensors were, then projected.
-    const at::Tensor table_accumulators = scratch.narrow(0, all_chunks, tables);
+    // The tables' accumulators folded as each table's tensors were, in the range of their rounded sums' sum, then
+    // projected.
+    const at::Tensor table_sums = scratch.narrow(0, all_chunks, 2 * tables).view({tables, 2});
+    const at::Tensor table_accumulators = table_sums.select(1, 0);
     at::Tensor folded;
     if (ord == INFINITY) {
       folded = table_accumulators.amax();
@@ -424,6 +444,9 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
       folded = table_accumulators.amin();
     } else {
       folded = table_accumulators.sum();
+      const at::Tensor rounded_sum = table_sums.select(1, 1).sum();
+      if (rounded_range && ord != 0 && !std::isnan(ord))  // the orders that sum powers (sums_powers)
+        folded = at::where(rounded_sum.isinf() != folded.isinf(), rounded_sum, folded);
     }
     if (ord == 2) {
       folded = folded.sqrt();
