@@ -175,12 +175,28 @@ at::Tensor clip_coefficient(const at::Tensor& total_norm, double max_norm) {
   return at::clamp_max(at::reciprocal(total_norm + 1e-6) * max_norm, 1.0);
 }
 
-at::Tensor combine_totals(const std::vector<at::Tensor>& totals, double ord) {
-  const at::Device first = totals[0].device();
-  std::vector<at::Tensor> here;
-  for (const at::Tensor& t : totals) here.push_back(t.to(first));
-  const at::Tensor stacked = at::stack(here);
-  return ord == 0 ? stacked.sum() : at::linalg_vector_norm(stacked, ord);
+at::Tensor total_of_sums(const at::Tensor& sums, double ord, bool rounded_range, at::ScalarType total_type) {
+  const at::Tensor accumulators = sums.select(1, 0);
+  at::Tensor folded;
+  if (ord == INFINITY) {
+    folded = accumulators.amax();
+  } else if (ord == -INFINITY) {
+    folded = accumulators.amin();
+  } else {
+    folded = accumulators.sum();
+    if (rounded_range && ord != 0 && !std::isnan(ord)) {  // the orders that sum powers (sums_powers)
+      const at::Tensor rounded_sum = sums.select(1, 1).to(at::kFloat).sum();  // in float32, as torch's
+      folded = at::where(rounded_sum.isinf() != folded.to(at::kFloat).isinf(), rounded_sum.to(folded.dtype()), folded);
+    }
+  }
+  if (total_type != at::kDouble && ord != 0)  // a sum past float32's largest: inf (in_torch_range)
+    folded = at::where(folded.to(at::kFloat).isinf(), INFINITY, folded);
+  if (ord == 2) {
+    folded = folded.sqrt();
+  } else if (ord != 0 && ord != 1 && std::isfinite(ord)) {
+    folded = folded.pow(1.0 / ord);
+  }
+  return folded.to(total_type);
 }
 
 namespace {

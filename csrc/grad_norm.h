@@ -79,9 +79,11 @@ at::Tensor dense_elements(const at::Tensor& t);
 // roundings (max_norm / t is t.reciprocal() * max_norm in torch).
 at::Tensor clip_coefficient(const at::Tensor& total_norm, double max_norm);
 
-// The rooted totals of several devices as one, on the first's device: the norm of the totals, or for order 0
-// (each total a count of tensors with a non-zero element) their sum.
-at::Tensor combine_totals(const std::vector<at::Tensor>& totals, double ord);
+// The total of a list folded in parts (several tables of the CUDA kernel, several devices) from the parts' sums
+// (`sums`: [parts, 2], each part's accumulator and the float32 sum of its norms' rounded terms): the accumulators
+// folded as one list's (a maximum, a minimum or a sum by the order), in the range of the rounded sums' sum
+// (`rounded_range`: in_rounded_range) and of float32 but for a float64 total, projected, in `total_type`.
+at::Tensor total_of_sums(const at::Tensor& sums, double ord, bool rounded_range, at::ScalarType total_type);
 
 // What a tensor's fold contributes to the total's, torch's norm of the per-tensor norms: its accumulator; for order
 // 0 whether it counted any non-zero element (torch's total 0-norm counts tensors); for order NaN the term of its norm
@@ -170,6 +172,9 @@ namespace cpu {
 // The CPU kernels, for every tensor on the CPU; the CUDA kernels call them for a list's CPU tensors.
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype);
 at::Tensor total_norm(at::TensorList tensors, double ord, bool foreach);
+// A list's part of a total of `total_type` (a list spread over devices): its accumulator and the float32 sum of its
+// norms' rounded terms (total_of_sums), a [1, 2] float64 tensor.
+at::Tensor total_sums(at::TensorList tensors, double ord, at::ScalarType total_type, bool only_tensor);
 void clip_grads_(at::TensorList grads, const at::Tensor& total_norm, double max_norm);
 }  // namespace cpu
 

@@ -600,8 +600,8 @@ def test_total_of_16bit_norms_in_torch_range(ord, device):
     rounded down bring a sum just past it back (finite). Ours folds the unrounded norms (closer to the exact total)
     and takes the range of the rounded ones' sum: lists of m bfloat16 tensors of k equal elements (a sweep of
     bfloat16 values around the crossing) beside a float32 one. Where the two cross, also the same list after 1,100
-    small tensors (several of the CUDA kernel's tables) and clip_grad_norm_. The GPU fuzzer found the first case
-    (seed 1796653952)."""
+    small tensors (several of the CUDA kernel's tables), spread over the GPU and the CPU, and clip_grad_norm_. The GPU
+    fuzzer found the first case (seed 1796653952)."""
     largest = torch.finfo(torch.float32).max
     crossings = 0
     for m in (1, 2, 3):
@@ -617,6 +617,8 @@ def test_total_of_16bit_norms_in_torch_range(ord, device):
                 if crossing:
                     crossings += 1
                     lists.append([torch.rand(2, device=device) for _ in range(1100)] + tensors)
+                    if device == "cuda":  # a list spread over two devices: their parts folded on the first's
+                        lists.append([t.cpu() if i % 2 else t for i, t in enumerate(tensors)])
                 for tensors in lists:
                     got = [torch_reduce.get_total_norm(tensors, ord),
                            torch.ops.reduce.total_norm(tensors, float(ord), True)]
@@ -634,6 +636,36 @@ def test_total_of_16bit_norms_in_torch_range(ord, device):
                     for p, q in zip(ours, theirs):  # zeros where the totals are inf; else a bfloat16 step apart
                         torch.testing.assert_close(p.grad, q.grad, rtol=2**-7, atol=0)
     assert crossings >= 2
+
+
+@requires_cuda
+@pytest.mark.parametrize("ord", [2, 1, 3, 0.5, -1, INF, -INF, 0, math.nan], ids=str)
+def test_total_of_a_list_spread_over_devices(ord):
+    """A list of GPU and CPU gradients: each device's part folded on it, the parts' sums combined on the first
+    tensor's device, as torch combines its norms there; its dtypes promoted across the devices, the clip's scaling on
+    each gradient's own device."""
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+    for first in ("cuda", "cpu"):
+        for mix in (dtypes[:1], dtypes[:3], dtypes):
+            shapes = [(7,), (33, 17), (1000,), (2, 3), ()]
+            ours = []
+            for i, shape in enumerate(shapes):
+                device = first if i % 2 == 0 else ("cpu" if first == "cuda" else "cuda")
+                p = torch.nn.Parameter(torch.zeros(shape, dtype=mix[i % len(mix)], device=device))
+                p.grad = randn(shape, p.dtype, device)
+                ours.append(p)
+            theirs = clone_params(ours)
+            grads = [p.grad for p in ours]
+            want = torch.nn.utils.get_total_norm(grads, ord)
+            got = torch_reduce.get_total_norm(grads, ord)
+            assert got.device == want.device and got.dtype == want.dtype
+            torch.testing.assert_close(got, want, equal_nan=True, **TORCH_TOL[want.dtype])
+            total = torch_reduce.clip_grad_norm_(ours, 0.5, ord)
+            torch.testing.assert_close(total, torch.nn.utils.clip_grad_norm_(theirs, 0.5, ord), equal_nan=True,
+                                       **TORCH_TOL[want.dtype])
+            for p, q in zip(ours, theirs):
+                assert p.grad.device == q.grad.device
+                torch.testing.assert_close(p.grad, q.grad, equal_nan=True, **TORCH_TOL[p.dtype])
 
 
 @pytest.mark.parametrize("device", DEVICES)

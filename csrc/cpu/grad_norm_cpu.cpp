@@ -107,6 +107,26 @@ std::vector<at::Tensor> dense_list(at::TensorList tensors, const char* op) {
   return dense;
 }
 
+// A list's total accumulator (unprojected) in a total of `total_type`, and the float32 sum of its norms' rounded
+// terms (in_rounded_range).
+std::pair<double, float> fold_total(at::TensorList tensors, double ord, at::ScalarType total_type, bool only_tensor) {
+  const NormOperands real = real_operands(tensors, ord, std::nullopt);
+  const std::vector<at::Tensor> dense = dense_list(real.tensors, "reduce::total_norm");
+  double acc = 0;
+  float rounded_sum = 0;
+  with_norm_ops<double>(ord, [&](auto ops) {
+    const std::vector<char> float32_fold = float32_folds(tensors, dense, ord, std::nullopt, total_type == at::kDouble);
+    const std::vector<double> accumulators = tensor_accumulators(dense, ops, float32_fold);
+    acc = decltype(ops)::identity();
+    for (size_t i = 0; i < dense.size(); ++i) {
+      const double in_range = in_torch_range_of(real.norm_types[i], ops, accumulators[i], float32_fold[i]);
+      acc = ops(acc, tensor_contribution(ops, in_range, only_tensor));
+      rounded_sum += rounded_term_of(real.norm_types[i], ops, in_range);
+    }
+  });
+  return {acc, rounded_sum};
+}
+
 }  // namespace
 
 std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::optional<at::ScalarType> dtype) {
@@ -129,27 +149,21 @@ std::vector<at::Tensor> foreach_norm(at::TensorList tensors, double ord, std::op
   return norms;
 }
 
+at::Tensor total_sums(at::TensorList tensors, double ord, at::ScalarType total_type, bool only_tensor) {
+  const auto [acc, rounded_sum] = fold_total(tensors, ord, total_type, only_tensor);
+  return at::tensor({acc, static_cast<double>(rounded_sum)}, at::kDouble).view({1, 2});
+}
+
 // Either route's: torch's CPU _foreach_norm takes every tensor per tensor.
 at::Tensor total_norm(at::TensorList tensors, double ord, bool /*foreach*/) {
-  const char* op = "reduce::total_norm";
   check_norm_list(tensors, ord, std::nullopt);
-  const NormOperands real = real_operands(tensors, ord, std::nullopt);
-  const std::vector<at::Tensor> dense = dense_list(real.tensors, op);
   const at::ScalarType total_type = total_norm_dtype(tensors);
-  double total = 0;
+  const std::pair<double, float> sums = fold_total(tensors, ord, total_type, tensors.size() == 1);
+  double acc = sums.first, total = 0;
   with_norm_ops<double>(ord, [&](auto ops) {
-    const std::vector<char> float32_fold = float32_folds(tensors, dense, ord, std::nullopt, total_type == at::kDouble);
-    const std::vector<double> accumulators = tensor_accumulators(dense, ops, float32_fold);
-    double acc = decltype(ops)::identity();
-    float rounded_sum = 0;
-    for (size_t i = 0; i < dense.size(); ++i) {
-      const double in_range = in_torch_range_of(real.norm_types[i], ops, accumulators[i], float32_fold[i]);
-      acc = ops(acc, tensor_contribution(ops, in_range, dense.size() == 1));
-      rounded_sum += rounded_term_of(real.norm_types[i], ops, in_range);
-    }
     // The norm of the tensors' norms in total_type, as torch's: in float32, in the range of its rounded norms'
     // fold (the norm of one norm is its magnitude), but for a float64 total.
-    if (total_type != at::kDouble && dense.size() > 1) acc = in_rounded_range(ops, acc, rounded_sum);
+    if (total_type != at::kDouble && tensors.size() > 1) acc = in_rounded_range(ops, acc, sums.second);
     total = project_result(ops, total_type == at::kDouble ? acc : in_torch_range<float>(ops, acc, true));
   });
   if (tensors.size() == 1) total = one_element_or(tensors[0], ord, std::nullopt, total);

@@ -357,15 +357,23 @@ int64_t persistent_grid(Kernel kernel, int64_t units) {
   return std::min<int64_t>(blocks, resident_blocks_per_sm(kernel, Tuning::kListBlock) * multiprocessors());
 }
 
+// What a launch computes of a total (total_norm): its dtype, whether the list is one tensor (tensor_contribution),
+// and where it goes; undefined `out`: the device holds a part of the list, whose sums the caller combines.
+struct TotalRequest {
+  at::ScalarType dtype;
+  bool only_tensor;
+  at::Tensor out;
+};
+
 // The norms of a device's dense tensors (`lists`, on `device`), each of dtype `norm_types` (a list's): each tensor's
-// into `norms` (when given: foreach_norm), the total into `total` (when defined: total_norm). `wide`: accumulate in
-// float64; `float32_terms`: for a float64 tensor in the list, not for dtype=float64, so torch folds the narrower
-// tensors in float32, but those whose norm is their `magnitude` (norm_is_magnitude), which enter as their dtype holds
-// them.
+// into `norms` (when given: foreach_norm), the total as `total` asks (when given: total_norm); returns the tables'
+// sums then (total_of_sums' [tables, 2]). `wide`: accumulate in float64; `float32_terms`: for a float64 tensor in
+// the list, not for dtype=float64, so torch folds the narrower tensors in float32, but those whose norm is their
+// `magnitude` (norm_is_magnitude), which enter as their dtype holds them.
 template <typename Tuning>
-void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord, bool wide, bool float32_terms,
-                  const std::vector<at::ScalarType>& norm_types, const std::vector<char>& magnitude,
-                  const std::vector<at::Tensor>& norms, const at::Tensor& total) {
+at::Tensor launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord, bool wide, bool float32_terms,
+                        const std::vector<at::ScalarType>& norm_types, const std::vector<char>& magnitude,
+                        const std::vector<at::Tensor>& norms, const std::optional<TotalRequest>& total) {
   const int64_t tables = static_cast<int64_t>(lists.tables.size());
   const auto options = at::TensorOptions().device(device).dtype(wide ? at::kDouble : at::kFloat);
   // One allocation: the chunks' partials, each table's accumulator and rounded sum (norm_fold_kernel), then each
@@ -373,8 +381,8 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
   const int64_t all_chunks = lists.first_partial.back();
   const at::Tensor scratch = at::empty({all_chunks + tables * (2 + Tuning::kListTensors)}, options);
   // torch folds the rounded norms in float32 but for a float64 total, and takes one norm's magnitude.
-  const bool rounded_range = total.defined() && total.scalar_type() != at::kDouble &&
-                             (tables > 1 || lists.tables[0].count > 1);
+  const bool rounded_range = total && total->dtype != at::kDouble && !total->only_tensor;
+  const bool stores_total = total && total->out.defined() && tables == 1;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const auto run = [&](auto zero) {
     using acc_t = decltype(zero);
@@ -399,7 +407,7 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
         FoldTable<Tuning::kListTensors> fold;
         fold.count = table.count;
         fold.stores_norms = !norms.empty();
-        fold.only_tensor = tables == 1 && table.count == 1;
+        fold.only_tensor = total && total->only_tensor;
         fold.rounded_range = rounded_range;
         std::vector<int32_t> block_folded;  // tensors of more than kFoldWarpChunks chunks
         int32_t listed = 0;
@@ -419,10 +427,9 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
         fold.warp_folded = listed;
         for (int32_t k : block_folded) fold.folded[listed++] = k;
         fold.folded_count = listed;
-        const bool stores_total = total.defined() && tables == 1;
         norm_fold_kernel<Tuning, Ops, acc_t><<<1, Tuning::kFoldBlock, 0, stream>>>(
-            fold, ops, table_partials, accumulators, table_sums, stores_total ? total.data_ptr() : nullptr,
-            element_of(total.defined() ? total.scalar_type() : at::kFloat));
+            fold, ops, table_partials, accumulators, table_sums, stores_total ? total->out.data_ptr() : nullptr,
+            element_of(total ? total->dtype : at::kFloat));
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     });
@@ -432,29 +439,10 @@ void launch_norms(const ListTables<Tuning>& lists, at::Device device, double ord
   } else {
     run(float());
   }
-  if (total.defined() && tables > 1) {
-    // The tables' accumulators folded as each table's tensors were, in the range of their rounded sums' sum, then
-    // projected.
-    const at::Tensor table_sums = scratch.narrow(0, all_chunks, 2 * tables).view({tables, 2});
-    const at::Tensor table_accumulators = table_sums.select(1, 0);
-    at::Tensor folded;
-    if (ord == INFINITY) {
-      folded = table_accumulators.amax();
-    } else if (ord == -INFINITY) {
-      folded = table_accumulators.amin();
-    } else {
-      folded = table_accumulators.sum();
-      const at::Tensor rounded_sum = table_sums.select(1, 1).sum();
-      if (rounded_range && ord != 0 && !std::isnan(ord))  // the orders that sum powers (sums_powers)
-        folded = at::where(rounded_sum.isinf() != folded.isinf(), rounded_sum, folded);
-    }
-    if (ord == 2) {
-      folded = folded.sqrt();
-    } else if (ord != 0 && ord != 1 && std::isfinite(ord)) {
-      folded = folded.pow(1.0 / ord);
-    }
-    total.copy_(folded);
-  }
+  if (!total) return at::Tensor();
+  const at::Tensor table_sums = scratch.narrow(0, all_chunks, 2 * tables).view({tables, 2});
+  if (total->out.defined() && tables > 1) total->out.copy_(total_of_sums(table_sums, ord, rounded_range, total->dtype));
+  return table_sums;
 }
 
 template <typename Tuning>
@@ -513,7 +501,7 @@ std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, st
       with_tuning([&](auto tuning) {
         using Tuning = decltype(tuning);
         launch_norms(ListTables<Tuning>(dense), device, ord, wide, !dtype_wide, norm_types, magnitude, group_norms,
-                     at::Tensor());
+                     std::nullopt);
       });
       for (size_t k = 0; k < group.size(); ++k) {
         if (magnitude[k]) group_norms[k].copy_(magnitudes(tensors[positions[k]], dtype).reshape({}));
@@ -524,16 +512,24 @@ std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, st
   return norms;
 }
 
+// A list on one device: its total from its kernels. A list spread over devices: each device's sums (total_of_sums),
+// folded on the first tensor's device as torch folds the norms there.
 at::Tensor total_norm_cuda(at::TensorList tensors, double ord, bool foreach) {
   const char* op = "reduce::total_norm";
   check_norm_list(tensors, ord, std::nullopt);
   const at::ScalarType result_type = total_norm_dtype(tensors);
   const NormOperands operands = real_operands(tensors, ord, std::nullopt);
   const std::vector<at::Tensor>& real = operands.tensors;
-  std::vector<at::Tensor> totals;
+  const bool one_device = group_by_device(real).size() == 1;
+  at::Tensor total;
+  std::vector<at::Tensor> sums;  // each device's, on the first tensor's device, in float64
   for_each_device(real, op, [&](at::Device device, const std::vector<int64_t>& positions) {
     if (device.is_cpu()) {
-      totals.push_back(cpu::total_norm(select(tensors, positions), ord, foreach).to(result_type));
+      if (one_device) {
+        total = cpu::total_norm(tensors, ord, foreach);
+      } else {
+        sums.push_back(cpu::total_sums(select(tensors, positions), ord, result_type, false).to(real[0].device()));
+      }
       return;
     }
     std::vector<at::Tensor> dense;
@@ -545,18 +541,19 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord, bool foreach) {
       wide = wide || real[i].scalar_type() == at::kDouble;
     }
     const std::vector<char> magnitude = total_magnitudes(select(tensors, positions), ord, foreach);
-    const at::Tensor total = at::empty({}, real[positions[0]].options().dtype(result_type));
+    if (one_device) total = at::empty({}, real[0].options().dtype(result_type));
     if (tensors.size() == 1 && magnitude[0]) {
       total.copy_(magnitudes(tensors[0], std::nullopt).reshape({}));
-    } else {
-      with_tuning([&](auto tuning) {
-        using Tuning = decltype(tuning);
-        launch_norms(ListTables<Tuning>(dense), device, ord, wide, true, norm_types, magnitude, {}, total);
-      });
+      return;
     }
-    totals.push_back(total);
+    with_tuning([&](auto tuning) {
+      using Tuning = decltype(tuning);
+      const at::Tensor device_sums = launch_norms(ListTables<Tuning>(dense), device, ord, wide, true, norm_types,
+                                                  magnitude, {}, TotalRequest{result_type, tensors.size() == 1, total});
+      if (!one_device) sums.push_back(device_sums.to(real[0].device(), at::kDouble));
+    });
   });
-  return totals.size() == 1 ? totals[0] : combine_totals(totals, ord);
+  return one_device ? total : total_of_sums(at::cat(sums), ord, true, result_type);
 }
 
 // Whether torch's g.mul_(coefficient) computes in a wider type than the scaling kernel. A 0-dim gradient meets the
@@ -623,7 +620,8 @@ at::Tensor clip_grad_norm_cuda(at::TensorList grads, double max_norm, double nor
   const std::vector<char> magnitude = total_magnitudes(grads, norm_type, foreach);
   with_tuning([&](auto tuning) {
     const ListTables<decltype(tuning)> lists(complex ? at::TensorList(real_views(grads)) : grads);
-    launch_norms(lists, device, norm_type, wide, true, norm_types, magnitude, {}, total);
+    launch_norms(lists, device, norm_type, wide, true, norm_types, magnitude, {},
+                 TotalRequest{total_type, grads.size() == 1, total});
     launch_clip_scale(lists, total, max_norm);
   });
   return total;
