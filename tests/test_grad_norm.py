@@ -633,8 +633,8 @@ def test_total_of_16bit_norms_in_torch_range(ord, device):
                             near = exact ** (1 / ord) if exact < largest else want
                             torch.testing.assert_close(g.double(), near.double().to(g.device), rtol=1e-6, atol=0)
                     torch.nn.utils.clip_grad_norm_(theirs, 1.0, ord)
-                    for p, q in zip(ours, theirs):  # zeros where the totals are inf; else a bfloat16 step apart
-                        torch.testing.assert_close(p.grad, q.grad, rtol=2**-7, atol=0)
+                    for p, q in zip(ours, theirs):  # zeros where the totals are inf; else two bfloat16 steps apart
+                        torch.testing.assert_close(p.grad, q.grad, rtol=2**-6, atol=0)
     assert crossings >= 2
 
 
@@ -659,13 +659,16 @@ def test_total_of_a_list_spread_over_devices(ord):
             want = torch.nn.utils.get_total_norm(grads, ord)
             got = torch_reduce.get_total_norm(grads, ord)
             assert got.device == want.device and got.dtype == want.dtype
-            torch.testing.assert_close(got, want, equal_nan=True, **TORCH_TOL[want.dtype])
+            if torch.isfinite(want):  # ours folds the norms unrounded: the exact total's, a 16-bit norm off torch's
+                torch.testing.assert_close(got.double().cpu(), reference_total(grads, ord), **TOL[torch.float32])
+            tol = TORCH_TOL[torch.float16 if len(mix) > 1 else want.dtype]
+            torch.testing.assert_close(got, want, equal_nan=True, **tol)
             total = torch_reduce.clip_grad_norm_(ours, 0.5, ord)
-            torch.testing.assert_close(total, torch.nn.utils.clip_grad_norm_(theirs, 0.5, ord), equal_nan=True,
-                                       **TORCH_TOL[want.dtype])
+            torch.testing.assert_close(total, torch.nn.utils.clip_grad_norm_(theirs, 0.5, ord), equal_nan=True, **tol)
             for p, q in zip(ours, theirs):
                 assert p.grad.device == q.grad.device
-                torch.testing.assert_close(p.grad, q.grad, equal_nan=True, **TORCH_TOL[p.dtype])
+                looser = max(tol, TORCH_TOL[p.dtype], key=lambda t: t["rtol"])
+                torch.testing.assert_close(p.grad, q.grad, equal_nan=True, **looser)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -553,7 +553,7 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord, bool foreach) {
       if (!one_device) sums.push_back(device_sums.to(real[0].device(), at::kDouble));
     });
   });
-  return one_device ? total : total_of_sums(at::cat(sums), ord, true, result_type);
+  return one_device ? total : total_of_sums(at::cat(sums), ord, result_type != at::kDouble, result_type);
 }
 
 // Whether torch's g.mul_(coefficient) computes in a wider type than the scaling kernel. A 0-dim gradient meets the
