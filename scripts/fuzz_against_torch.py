@@ -7,8 +7,7 @@ result (the reduction of |x| for a sum or mean, the column sums of |dy| (|xhat| 
 or when our parameter gradients differ between two runs (they are fixed-order folds), when a fused add's sum is not
 x + r, when a gradient norm is inf, NaN or 0 where torch's is not (or the reverse: gradients at the edges of the
 dtypes' range among them), or when a clipped gradient is not what torch's clip_grads_with_norm_ gives with our total.
-Prints the failures;
-exits 1 if any.
+On a GPU, one clip in seven or so spreads its list over the GPU and the CPU. Prints the failures; exits 1 if any.
 
     python3 scripts/fuzz_against_torch.py [--device cuda] [--seconds 80] [--seed 11]
 """
@@ -260,10 +259,13 @@ class Fuzz:
         scales = [1.0, 1e-3, 10.0] * 4 + [1e19, 3e4, 1e-22, 1e-5]
         grads = [self.tensor(s, d, rng.choice(LAYOUTS) if s else "contiguous") * rng.choice(scales)
                  for s, d in zip(shapes, dtypes)]
+        spread = self.device != "cpu" and n > 1 and rng.random() < 0.15  # a list over the GPU and the CPU
+        if spread:
+            grads = [g.cpu() if rng.random() < 0.5 else g for g in grads]
         order = rng.choice([2.0, 2.0, 1.0, math.inf, 0.5, 3.0, -math.inf, 0.0])
         max_norm, foreach = rng.choice([0.1, 1.0, 1e6]), rng.choice([None, True, False])
-        desc = f"clip_grad_norm_ of {n} ({sorted(set(map(str, dtypes)))}) order {order} max_norm {max_norm} " \
-               f"foreach {foreach}"
+        desc = f"clip_grad_norm_ of {n} ({sorted(set(map(str, dtypes)))}{', two devices' if spread else ''}) " \
+               f"order {order} max_norm {max_norm} foreach {foreach}"
         results = []
         for clip in (torch_reduce.clip_grad_norm_, torch.nn.utils.clip_grad_norm_):
             params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
@@ -279,8 +281,8 @@ class Fuzz:
                 self.fail(f"{desc}: ours {type(mine).__name__}: {str(mine)[:100]}, torch's "
                           f"{type(torchs).__name__}: {str(torchs)[:100]}")
             return
-        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double(), order) for g in grads]),
-                                         order)
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double(), order).cpu()
+                                                      for g in grads]), order)
         worst = max(dtypes, key=lambda d: torch.finfo(d).eps)
         if (mine.dtype, mine.shape) != (torchs.dtype, torchs.shape):
             self.fail(f"{desc}: the total is {mine.dtype}, torch's {torchs.dtype}")
