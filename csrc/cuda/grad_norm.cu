@@ -460,10 +460,10 @@ void launch_clip_scale(const ListTables<Tuning>& lists, const at::Tensor& total_
   });
 }
 
-// Runs f(device, positions) for each device of the list, under a guard for a CUDA one.
+// Runs f(device, positions) for each device of a list's `groups` (group_by_device), under a guard for a CUDA one.
 template <typename F>
-void for_each_device(at::TensorList tensors, const char* op, F&& f) {
-  for (const auto& [device, positions] : group_by_device(tensors)) {
+void for_each_device(const std::vector<std::pair<at::Device, std::vector<int64_t>>>& groups, const char* op, F&& f) {
+  for (const auto& [device, positions] : groups) {
     TORCH_CHECK(device.is_cpu() || device.is_cuda(), op, ": expected CPU or CUDA tensors, got one on ", device);
     if (device.is_cpu()) {
       f(device, positions);
@@ -480,7 +480,7 @@ std::vector<at::Tensor> foreach_norm_cuda(at::TensorList tensors, double ord, st
   check_norm_list(tensors, ord, dtype);
   const NormOperands real = real_operands(tensors, ord, dtype);
   std::vector<at::Tensor> norms(tensors.size());
-  for_each_device(real.tensors, op, [&](at::Device device, const std::vector<int64_t>& positions) {
+  for_each_device(group_by_device(real.tensors), op, [&](at::Device device, const std::vector<int64_t>& positions) {
     const std::vector<at::Tensor> group = select(real.tensors, positions);
     std::vector<at::Tensor> group_norms;
     if (device.is_cpu()) {
@@ -520,10 +520,11 @@ at::Tensor total_norm_cuda(at::TensorList tensors, double ord, bool foreach) {
   const at::ScalarType result_type = total_norm_dtype(tensors);
   const NormOperands operands = real_operands(tensors, ord, std::nullopt);
   const std::vector<at::Tensor>& real = operands.tensors;
-  const bool one_device = group_by_device(real).size() == 1;
+  const auto groups = group_by_device(real);
+  const bool one_device = groups.size() == 1;
   at::Tensor total;
   std::vector<at::Tensor> sums;  // each device's, on the first tensor's device, in float64
-  for_each_device(real, op, [&](at::Device device, const std::vector<int64_t>& positions) {
+  for_each_device(groups, op, [&](at::Device device, const std::vector<int64_t>& positions) {
     if (device.is_cpu()) {
       if (one_device) {
         total = cpu::total_norm(tensors, ord, foreach);
@@ -569,7 +570,7 @@ void clip_grads_cuda(at::TensorList grads, const at::Tensor& total_norm, double 
   const char* op = "reduce::clip_grads_";
   check_clip_grads(grads, total_norm, op);
   const std::vector<at::Tensor> views = real_views(grads);
-  for_each_device(views, op, [&](at::Device device, const std::vector<int64_t>& positions) {
+  for_each_device(group_by_device(views), op, [&](at::Device device, const std::vector<int64_t>& positions) {
     if (device.is_cpu()) {
       cpu::clip_grads_(select(grads, positions), total_norm, max_norm);
       return;
