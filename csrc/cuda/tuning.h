@@ -185,7 +185,10 @@ struct HopperTuning {
   // alone, against no prefetch, two runs: bfloat16 rows of 12288 and 18432 (48 and 72 KiB) 1.09-1.17x at
   // 2048-16384 rows (1.03-1.05x at 1024); float32 8192 (64 KiB) 0.95-1.03x, and in the benchmark after it
   // 0.91-1.03x (0.93x at 65536 rows): left out; float32 12288 (96 KiB) 0.89-0.97x, 18432 (144 KiB) 0.76-0.86x.
-  // Where several rows are in progress it lost (RMSNorm bfloat16 65536x5120 0.83x).
+  // Where several rows are in progress it lost (RMSNorm bfloat16 65536x5120 0.83x), and where each group takes few
+  // rows it gained nothing: on for every plan whose groups take at most 8 (or 32) rows each, 26 LayerNorm/RMSNorm
+  // cases of 1024-16384 rows, three runs, 0.88-1.03x (geomean 0.99; float32 1024x2560 LayerNorm 16.5 -> 18.8 us)
+  // and 0.88-1.07x (0.99; benchmarks/results/nvidia-h200/logs/ab_bwd_prefetch_few_rows.jsonl).
   static constexpr int64_t kPrefetchMinColumns = 12288;
   static constexpr int64_t kPrefetchMaxRowBytes = 72 * 1024;
   // Rows too wide for the Held kernel whose x and dy exceed kPrefetchMaxRowBytes (float32 of more than 12288
