@@ -9,6 +9,7 @@ shards differ in size and are centred apart, so a wrong combine (an average of p
 a dropped partial) misses the reference: the "wrong combines fail" cases check that it does.
 """
 import functools
+import gc
 import json
 import math
 import os
@@ -80,6 +81,14 @@ def _worker(rank, backend, workdir, seed):
     dist.init_process_group(backend, init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=60))
     warnings.filterwarnings("ignore", message=".*degrees of freedom")  # torch.var_mean of N - correction <= 0
+    report = _run_cases(rank, device, seed)
+    with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    _leave_group()
+
+
+def _run_cases(rank, device, seed):
+    """Every case's outcome on this rank (its mesh and tensors released on return, before _leave_group)."""
     from torch.distributed.tensor import init_device_mesh
     mesh = init_device_mesh(device.type, (WORLD,))
     report = {}
@@ -91,8 +100,19 @@ def _worker(rank, backend, workdir, seed):
             report[name] = "passed"
         except Exception:
             report[name] = traceback.format_exc()
-    with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
+    return report
+
+
+def _leave_group():
+    """Destroys the process groups once this rank holds none of them and every rank is done with them. A DeviceMesh
+    and the DTensors on it hold its sub-groups, which, held past destroy_process_group, are released only as the
+    process exits; a rank of the 2-D mesh's four once aborted at the end of its run ("terminate called without an
+    active exception", CI on a fresh clone of fd85562)."""
+    gc.collect()
+    try:
+        dist.barrier()
+    except RuntimeError:  # a rank that failed a check left a collective the others wait in: its report says why
+        pass
     dist.destroy_process_group()
 
 
@@ -890,36 +910,41 @@ def _mesh_2d_worker(rank, workdir, seed):
     tensor parallelism place them, each sharded along one mesh dim and replicated or sharded along the other."""
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous-2d", rank=rank, world_size=4,
                             timeout=timedelta(seconds=60))
-    outcome = "passed"
     try:
-        from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
-        from torch.distributed.tensor.placement_types import _StridedShard
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        generator = torch.Generator().manual_seed(seed)
-        wholes = [torch.randn(shape, generator=generator, dtype=torch.float64).float()
-                  for shape in [(6, 4), (5, 3), (8, 2), (3,), (4, 4), (1, 5)]]
-        placements = [(Shard(0), Shard(1)), (Replicate(), Shard(0)), (Shard(0), Replicate()), (Replicate(), Replicate()),
-                      (_StridedShard(0, split_factor=2), Shard(0)), (Shard(0), Shard(0))]
-        grads = [distribute_tensor(w, mesh, list(p)) for w, p in zip(wholes, placements)]
-        for order in (2, 1, math.inf, -math.inf, 0, 3, -1):
-            for norm, whole in zip(torch_reduce.foreach_norm(grads, order), wholes):
-                assert_close(norm.to_local(), torch.linalg.vector_norm(whole.double(), order), torch.float32,
-                             what=f"order {order} norm")
-            total = torch_reduce.get_total_norm(grads, order).to_local()
-            assert_close(total, torch.nn.utils.get_total_norm([w.double() for w in wholes], order), torch.float32,
-                         what=f"order {order} total")
-        params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
-        for p, g in zip(params, grads):
-            p.grad = g.clone()
-        want = torch.nn.utils.get_total_norm([w.double() for w in wholes])
-        assert_close(torch_reduce.clip_grad_norm_(params, 1.0).to_local(), want, torch.float32, what="clip's total")
-        for p, whole in zip(params, wholes):
-            assert_close(p.grad.full_tensor(), whole.double() / (want + 1e-6), torch.float32, what="clipped gradient")
+        _mesh_2d_checks(seed)
+        outcome = "passed"
     except Exception:
         outcome = traceback.format_exc()
     with open(os.path.join(workdir, f"2d-rank{rank}.json"), "w") as f:
         json.dump(outcome, f)
-    dist.destroy_process_group()
+    _leave_group()
+
+
+def _mesh_2d_checks(seed):
+    """The checks of _mesh_2d_worker (its mesh and DTensors released on return, before _leave_group)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+    from torch.distributed.tensor.placement_types import _StridedShard
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    generator = torch.Generator().manual_seed(seed)
+    wholes = [torch.randn(shape, generator=generator, dtype=torch.float64).float()
+              for shape in [(6, 4), (5, 3), (8, 2), (3,), (4, 4), (1, 5)]]
+    placements = [(Shard(0), Shard(1)), (Replicate(), Shard(0)), (Shard(0), Replicate()), (Replicate(), Replicate()),
+                  (_StridedShard(0, split_factor=2), Shard(0)), (Shard(0), Shard(0))]
+    grads = [distribute_tensor(w, mesh, list(p)) for w, p in zip(wholes, placements)]
+    for order in (2, 1, math.inf, -math.inf, 0, 3, -1):
+        for norm, whole in zip(torch_reduce.foreach_norm(grads, order), wholes):
+            assert_close(norm.to_local(), torch.linalg.vector_norm(whole.double(), order), torch.float32,
+                         what=f"order {order} norm")
+        total = torch_reduce.get_total_norm(grads, order).to_local()
+        assert_close(total, torch.nn.utils.get_total_norm([w.double() for w in wholes], order), torch.float32,
+                     what=f"order {order} total")
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    want = torch.nn.utils.get_total_norm([w.double() for w in wholes])
+    assert_close(torch_reduce.clip_grad_norm_(params, 1.0).to_local(), want, torch.float32, what="clip's total")
+    for p, whole in zip(params, wholes):
+        assert_close(p.grad.full_tensor(), whole.double() / (want + 1e-6), torch.float32, what="clipped gradient")
 
 
 def test_gradient_norms_on_a_2d_mesh(tmp_path):
