@@ -1,7 +1,8 @@
-"""The norm backward ops' kernels one by one: each case's LayerNorm and RMSNorm backward (and torch's x + dy, the same
-bytes streamed) captured in a CUDA graph over a rotation past the L2, replayed under torch.profiler; prints each
-kernel's median GPU time and the gaps between consecutive kernels (negative: the fold, a programmatic dependent
-launch, started before the row kernel ended).
+"""The norm backward ops' kernels one by one: each case's LayerNorm and RMSNorm backward, each one's grad_input alone
+(the same row kernel without its partial rows and their fold) and torch's x + dy (the same bytes streamed), captured
+in a CUDA graph over a rotation past the L2, replayed under torch.profiler; prints each kernel's median GPU time and
+the median gap between each pair of consecutive kernels (negative: the fold, a programmatic dependent launch, started
+before the row kernel ended).
 
     python3 scripts/profile_norm_bwd.py bfloat16:4096x4096 bfloat16:1024x18432
 """
@@ -32,6 +33,9 @@ def main(cases: list[str]) -> None:
             "layer_norm": lambda i: torch.ops.reduce.layer_norm_bwd(i[1], i[0], [hidden], i[2], i[3], w, b,
                                                                     [True, True, True]),
             "rms_norm": lambda i: torch.ops.reduce.rms_norm_bwd(i[1], i[0], [hidden], i[4], w, [True, True]),
+            "layer_norm dx": lambda i: torch.ops.reduce.layer_norm_bwd(i[1], i[0], [hidden], i[2], i[3], w, b,
+                                                                       [True, False, False]),
+            "rms_norm dx": lambda i: torch.ops.reduce.rms_norm_bwd(i[1], i[0], [hidden], i[4], w, [True, False]),
             "x + dy": lambda i: torch.add(i[0], i[1]),
         }
         for name, op in ops.items():
@@ -61,10 +65,13 @@ def main(cases: list[str]) -> None:
                 end.record()
                 end.synchronize()
                 calls.append(start.elapsed_time(end) / k * 1e3)
-            gaps = [b.time_range.start - a.time_range.end for a, b in zip(kernels, kernels[1:])]
+            gaps = collections.defaultdict(list)  # (kernel, next kernel) -> the times between them
+            for a, b in zip(kernels, kernels[1:]):
+                gaps[kernel_name(a.name), kernel_name(b.name)].append(b.time_range.start - a.time_range.end)
             print(f"{case} {name}: {statistics.median(calls):.1f} us a call in graph replay; "
                   + "; ".join(f"{n} {statistics.median(v):.1f} us" for n, v in times.items())
-                  + (f"; gaps median {statistics.median(gaps):.1f} us" if name != "x + dy" else ""), flush=True)
+                  + "".join(f"; gap {a} -> {b} {statistics.median(v):.1f} us" for (a, b), v in gaps.items()),
+                  flush=True)
         del inputs
         torch.cuda.empty_cache()
 
