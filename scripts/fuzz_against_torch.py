@@ -7,7 +7,9 @@ result (the reduction of |x| for a sum or mean, the column sums of |dy| (|xhat| 
 or when our parameter gradients differ between two runs (they are fixed-order folds), when a fused add's sum is not
 x + r, when a gradient norm is inf, NaN or 0 where torch's is not (or the reverse: gradients at the edges of the
 dtypes' range among them), or when a clipped gradient is not what torch's clip_grads_with_norm_ gives with our total.
-On a GPU, one clip in seven or so spreads its list over the GPU and the CPU. Prints the failures; exits 1 if any.
+On a GPU, one clip in seven or so spreads its list over the GPU and the CPU. One call in ten runs an op in one of
+torch's other autograd modes (jvp, dual tensors, double backward, a Hessian-vector product, jacrev, vmap) on small
+float64 leaves against torch's op in the same mode. Prints the failures; exits 1 if any.
 
     python3 scripts/fuzz_against_torch.py [--device cuda] [--seconds 80] [--seed 11]
 """
@@ -20,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
 import torch_reduce
@@ -244,6 +247,130 @@ class Fuzz:
         mean_scale = torch.mean(x64.abs(), **kw).max().item() if x.numel() else 0.0
         return torch_reduce.var_mean(x, **kw), torch.var_mean(x, **kw), torch.var_mean(x64, **kw), (0.0, mean_scale)
 
+    # ---------------------------------------------------------------------------------- autograd modes ----
+    def autograd_call(self):
+        """(description, float64 leaves, ours, torch's, tolerance): one op over small random float64 leaves."""
+        rng, f64 = self.rng, torch.float64
+        shape = [rng.choice([1, 2, 3, 5, 7, 8, 16, 33]) for _ in range(rng.randint(0, 4))]
+        x = self.tensor(shape, f64, rng.choice(LAYOUTS))
+        if rng.random() < 0.15:
+            x = x.round()  # ties of amax and amin, zeros of prod
+        kd, nd = rng.random() < 0.4, len(shape)
+        dims = None if nd == 0 or rng.random() < 0.2 else tuple(rng.sample(range(nd), rng.randint(1, nd)))
+        op = rng.choice(["sum", "mean", "amax", "amin", "prod", "vector_norm", "var_mean", "layer_norm", "rms_norm",
+                         "add_layer_norm", "add_rms_norm", "foreach_norm"])
+        desc = f"{op} {tuple(shape)} dim {dims} keepdim {kd}"
+        if op in ("sum", "mean", "amax", "amin"):
+            kw = {} if dims is None else {"dim": dims, "keepdim": kd}
+            return desc, [x], lambda a: getattr(torch_reduce, op)(a, **kw), lambda a: getattr(torch, op)(a, **kw), 1e-9
+        if op == "prod":
+            kw = {} if dims is None else {"dim": dims[0], "keepdim": kd}
+            return desc, [x], lambda a: torch_reduce.prod(a, **kw), lambda a: torch.prod(a, **kw), 1e-9
+        if op == "vector_norm":
+            order = rng.choice([2, 1, 3.0, 0.5, math.inf, -math.inf, 0])
+            return (f"{desc} order {order}", [x], lambda a: torch_reduce.vector_norm(a, order, dims, kd),
+                    lambda a: torch.linalg.vector_norm(a, order, dims, kd), 1e-9)
+        if op == "var_mean":
+            correction = rng.choice([0, 1, 2, 0.5, None])
+            dims = rng.choice([dims, ()]) if dims is None else dims
+            # torch's derivatives take dim=() as N = 1, its forward as every dim; ours are its dim=None's
+            theirs_dims = None if dims == () else dims
+            return (f"{op} {tuple(shape)} dim {dims} keepdim {kd} correction {correction}", [x],
+                    lambda a: torch_reduce.var_mean(a, dims, correction=correction, keepdim=kd),
+                    lambda a: torch.var_mean(a, theirs_dims, correction=correction, keepdim=kd), 1e-9)
+        if op == "foreach_norm":  # torch's _foreach_norm has no forward-mode formula: its norms one by one
+            leaves = [x] + [self.tensor(s, f64, "contiguous") for s in ([3, 5], [7], [])[:rng.randint(0, 3)]]
+            order = rng.choice([2, 1, 3.0, math.inf])
+            return (f"foreach_norm of {len(leaves)} order {order}", leaves,
+                    lambda *a: torch_reduce.foreach_norm(list(a), order),
+                    lambda *a: tuple(torch.linalg.vector_norm(t, order) for t in a), 1e-9)
+        shape = shape or [5]
+        x = self.tensor(shape, f64, rng.choice(LAYOUTS))
+        normalized = shape[len(shape) - rng.randint(1, min(len(shape), 2)):]
+        params = [self.tensor(normalized, f64, "contiguous") for _ in range(rng.choice([0, 1, 1, 2]))]
+        layer, fused = "layer" in op, op.startswith("add")
+        if not layer:
+            params = params[:1]
+        eps = rng.choice([1e-5, 1e-2] + ([] if layer else [None]))
+        leaves = [x] + ([self.tensor(shape, f64, "contiguous")] if fused else []) + params
+        desc = f"{op} {tuple(shape)} normalized {normalized} params {len(params)} eps {eps}"
+
+        n = 1 + fused  # the leaves before the parameters
+
+        def ours(*a):
+            return getattr(torch_reduce, op)(*a[:n], normalized, *a[n:], eps=eps)
+
+        def theirs(*a):
+            s = a[0] + a[1] if fused else a[0]
+            y = (F.layer_norm if layer else F.rms_norm)(s, normalized, *a[n:], eps=eps)
+            return (y, s) if fused else y
+        # A row's rstd scales the rounding of x - mean, twice in the second derivatives (a row of one element:
+        # 1/sqrt(eps))
+        rows = (leaves[0] + leaves[1] if fused else leaves[0]).reshape(-1, math.prod(normalized))
+        var = rows.var(-1, correction=0) if layer else (rows * rows).mean(-1)
+        kappa = (var + (eps or torch.finfo(torch.float64).eps)).rsqrt().max().item() if rows.numel() else 1.0
+        return desc, leaves, ours, theirs, 1e-9 * max(1.0, kappa) ** 2
+
+    def autograd_modes(self):
+        """One op in one of torch's other autograd modes (jvp, dual tensors, double backward, a Hessian-vector
+        product, jacrev, vmap) against torch's op in the same mode, in float64: values within 1e-9 of the result's
+        scale (more where a norm's rstd is large), inf and NaN where torch's are, no error where torch gives one."""
+        desc, leaves, ours, theirs, tolerance = self.autograd_call()
+        small = sum(t.numel() for t in leaves) <= 600
+        vmap = ["vmap"] * (not desc.startswith("foreach_norm"))  # torch's _foreach_norm has no batching rule: ours
+        mode = self.rng.choice(["jvp", "dual", "double backward"] + vmap + ["hvp", "jacrev"] * small)
+        desc = f"{mode} of {desc}"
+        tangents = [torch.randn_like(t) for t in leaves]
+        as_list = lambda o: list(o) if isinstance(o, (tuple, list)) else [o]  # noqa: E731
+        total = lambda o: sum((t * t).sum() for t in as_list(o))  # noqa: E731
+        every = tuple(range(len(leaves)))
+
+        def apply(fn):
+            if mode == "jvp":
+                return as_list(torch.func.jvp(fn, tuple(leaves), tuple(tangents))[1])
+            if mode == "dual":
+                with fwAD.dual_level():
+                    outs = fn(*[fwAD.make_dual(t, d) for t, d in zip(leaves, tangents)])
+                    return [fwAD.unpack_dual(o).tangent for o in as_list(outs)]
+            if mode == "hvp":
+                grad = torch.func.grad(lambda *a: total(fn(*a)), argnums=every)
+                return list(torch.func.jvp(grad, tuple(leaves), tuple(tangents))[1])
+            if mode == "jacrev":
+                return torch.utils._pytree.tree_leaves(torch.func.jacrev(fn, argnums=every)(*leaves))
+            if mode == "vmap":
+                return as_list(torch.vmap(fn)(*[torch.stack([t, 2 * t - 1, t * t]) for t in leaves]))
+            inputs = [t.detach().requires_grad_() for t in leaves]
+            first = torch.autograd.grad(total(fn(*inputs)), inputs, create_graph=True, materialize_grads=True)
+            return list(first) + list(torch.autograd.grad(total(first), inputs, materialize_grads=True))
+
+        results = []
+        for fn in (ours, theirs):
+            try:
+                results.append(apply(fn))
+            except Exception as error:  # noqa: BLE001 - compared with torch's
+                results.append(error)
+        mine, torchs = results
+        if isinstance(mine, Exception) or isinstance(torchs, Exception):
+            if not isinstance(torchs, Exception):
+                self.fail(f"{desc}: ours raised {type(mine).__name__}: {str(mine)[:150]}")
+            return
+        if len(mine) != len(torchs):
+            self.fail(f"{desc}: {len(mine)} results, torch's {len(torchs)}")
+            return
+        for k, (a, b) in enumerate(zip(mine, torchs)):
+            if a is None or b is None or a.shape != b.shape:
+                self.fail(f"{desc}: result {k} is {None if a is None else tuple(a.shape)}, torch's "
+                          f"{None if b is None else tuple(b.shape)}")
+            elif not torch.equal(a.isnan(), b.isnan()) or not torch.equal(a.isinf() * a.sign(), b.isinf() * b.sign()):
+                self.fail(f"{desc}: result {k} has inf or NaN where torch's does not, or the reverse")
+            else:
+                finite = b.isfinite()
+                scale = max(1.0, b[finite].abs().max().item() if finite.any() else 0.0)
+                error = (a[finite] - b[finite]).abs().max().item() / scale if finite.any() else 0.0
+                if error > tolerance:
+                    self.fail(f"{desc}: result {k} differs from torch's by {error:.3g} of its scale {scale:.3g}")
+        self.counts["autograd mode"] = self.counts.get("autograd mode", 0) + 1
+
     # ---------------------------------------------------------------------------------------- clipping ----
     def clip(self):
         rng = self.rng
@@ -351,7 +478,7 @@ def main():
     while time.time() - start < args.seconds and len(fuzz.failures) <= 60:
         calls += 1
         k = fuzz.rng.random()
-        (fuzz.norm if k < 0.5 else fuzz.reduction if k < 0.85 else fuzz.clip)()
+        (fuzz.norm if k < 0.45 else fuzz.reduction if k < 0.75 else fuzz.clip if k < 0.9 else fuzz.autograd_modes)()
     print(f"seed {args.seed}, {args.device}: {calls} calls {fuzz.counts} in {time.time() - start:.0f} s; "
           f"{len(fuzz.failures)} failures")
     for failure in fuzz.failures:
