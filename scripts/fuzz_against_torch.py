@@ -284,8 +284,8 @@ class Fuzz:
             return (f"foreach_norm of {len(leaves)} order {order}", leaves,
                     lambda *a: torch_reduce.foreach_norm(list(a), order),
                     lambda *a: tuple(torch.linalg.vector_norm(t, order) for t in a), 1e-9)
-        shape = shape or [5]
-        x = self.tensor(shape, f64, rng.choice(LAYOUTS))
+        if not shape:  # a norm needs a dim to normalize
+            shape, x = [5], self.tensor([5], f64, rng.choice(LAYOUTS))
         normalized = shape[len(shape) - rng.randint(1, min(len(shape), 2)):]
         params = [self.tensor(normalized, f64, "contiguous") for _ in range(rng.choice([0, 1, 1, 2]))]
         layer, fused = "layer" in op, op.startswith("add")
