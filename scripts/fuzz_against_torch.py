@@ -314,10 +314,11 @@ class Fuzz:
     def autograd_modes(self):
         """One op in one of torch's other autograd modes (jvp, dual tensors, double backward, a Hessian-vector
         product, jacrev, vmap) against torch's op in the same mode, in float64: values within 1e-9 of the result's
-        scale (more where a norm's rstd is large), inf and NaN where torch's are, no error where torch gives one."""
+        scale (more where a norm's rstd is large), inf and NaN where torch's are, an error only where torch's
+        raises."""
         desc, leaves, ours, theirs, tolerance = self.autograd_call()
         small = sum(t.numel() for t in leaves) <= 600
-        vmap = ["vmap"] * (not desc.startswith("foreach_norm"))  # torch's _foreach_norm has no batching rule: ours
+        vmap = ["vmap"] * (not desc.startswith("foreach_norm"))  # torch's _foreach_norm has no batching rule
         mode = self.rng.choice(["jvp", "dual", "double backward"] + vmap + ["hvp", "jacrev"] * small)
         desc = f"{mode} of {desc}"
         tangents = [torch.randn_like(t) for t in leaves]
